@@ -1,0 +1,1 @@
+//! Pure placement policies and the trace simulator (under construction).

@@ -1,0 +1,87 @@
+//! The [`Migrator`] trait: moves pages of a process to a NUMA node and says what happened to
+//! each one.
+
+use std::time::Duration;
+
+use crate::addr::{HostVirtAddr, NodeId, PageSize, ProcessId};
+
+/// Why a whole migration request failed (per-page problems are [`PageOutcome`]s instead).
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// The target process no longer exists.
+    #[error("Process {0} is gone")]
+    ProcessGone(ProcessId),
+    /// The caller may not move the target's pages.
+    #[error("Not permitted to move pages of process {0}")]
+    PermissionDenied(ProcessId),
+    /// The destination node does not exist, has no memory or is not allowed.
+    #[error("Node {0} cannot take pages")]
+    NodeUnavailable(NodeId),
+    /// The request itself is malformed.
+    #[error("Invalid migration request: {0}")]
+    InvalidRequest(String),
+    /// Any other system error.
+    #[error("Migration failed")]
+    Io(#[source] std::io::Error),
+}
+
+/// A page to move: its address in the target process and how it is mapped.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PageRef {
+    /// Address of the page (aligned to `size`).
+    pub addr: HostVirtAddr,
+    /// Mapping size; a huge page is moved whole.
+    pub size: PageSize,
+}
+
+/// What happened to one page.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum PageOutcome {
+    /// Now on the destination node (moved, or already there).
+    OnTarget,
+    /// Not populated (never touched, or the zero page): nothing to move.
+    NotPresent,
+    /// Busy or pinned (elevated refcount, locked): try again on a later tick.
+    Busy,
+    /// The destination node had no free memory.
+    NoMemory,
+    /// The address is not mapped, or the mapping cannot migrate.
+    Fault,
+    /// Any other errno.
+    Other(i32),
+}
+
+/// The result of one [`Migrator::migrate`] call.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct MigrationReport {
+    /// One outcome per requested page, in request order.
+    pub outcomes: Vec<PageOutcome>,
+    /// Bytes now on the target node that were elsewhere before the call, when known;
+    /// otherwise bytes of pages reported [`PageOutcome::OnTarget`].
+    pub bytes_on_target: u64,
+    /// Wall time spent.
+    pub elapsed: Duration,
+}
+
+impl MigrationReport {
+    /// Number of pages with the given outcome.
+    pub fn count(&self, outcome: PageOutcome) -> usize {
+        self.outcomes.iter().filter(|&&o| o == outcome).count()
+    }
+}
+
+/// Moves pages of a process between NUMA nodes.
+pub trait Migrator: Send {
+    /// Short name for logs and metrics (`move_pages`, `kmod`).
+    fn name(&self) -> &'static str;
+
+    /// Moves `pages` of `pid` to `target`. Per-page failures are reported in the outcomes;
+    /// `Err` means nothing more can be done for this process or node right now, and the
+    /// caller must not retry in a tight loop.
+    fn migrate(
+        &mut self,
+        pid: ProcessId,
+        pages: &[PageRef],
+        target: NodeId,
+    ) -> Result<MigrationReport, Error>;
+}

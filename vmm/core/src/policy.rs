@@ -1,0 +1,333 @@
+//! The pure placement-policy interface.
+//!
+//! A policy sees a VM's memory as an array of equally sized *granules* (4 KiB up to 2 MiB),
+//! indexed in guest-physical order over the VM's RAM ranges. The engine (or the trace
+//! simulator in `vmtier-policies`) fills a [`PolicyInput`] every tick; the policy returns a
+//! [`Plan`]. Policies are pure: no syscalls, no clock — time arrives as the tick number — so
+//! the daemon and the simulator run the very same code.
+//!
+//! What the engine maintains for every granule is one [`HeatRecord`] byte (heat, tier, ticks
+//! since the last move). On top of it a tick may carry the raw observations of the tracking
+//! source the policy asked for ([`PlacementPolicy::source`]): per-granule observation counts,
+//! NUMA hint faults with their latency, DAMON-style regions, and guest hints.
+
+/// Index of a granule within one VM's RAM.
+#[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Debug)]
+pub struct Granule(pub u32);
+
+impl Granule {
+    /// The index as a `usize`, for slicing the per-granule arrays of a [`PolicyInput`].
+    pub fn index(self) -> usize {
+        // u32 always fits in usize on the 64-bit hosts vmtier supports.
+        self.0 as usize
+    }
+}
+
+/// The memory tier a granule is on.
+#[derive(Clone, Copy, PartialEq, Eq, Hash, Debug)]
+pub enum Tier {
+    /// Local DRAM.
+    Fast,
+    /// CXL or other slower memory.
+    Slow,
+}
+
+/// One byte of state per granule: a 5-bit heat (decayed access frequency, 0..=31), whether it
+/// is in the fast tier, and a 2-bit *move age*: ticks since the granule last migrated,
+/// saturating at [`HeatRecord::SETTLED`] ("3 or more ticks ago, or never").
+///
+/// Layout: bits 0..=4 heat, bit 5 fast tier, bits 6..=7 move age. The engine ages the move
+/// age by one every tick ([`HeatRecord::aged`]) and resets it to 0 when it moves the granule
+/// ([`HeatRecord::moved_to`]); policies use it for hysteresis without keeping state of their
+/// own.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub struct HeatRecord(u8);
+
+impl Default for HeatRecord {
+    /// Cold, slow tier, never moved.
+    fn default() -> Self {
+        Self::new(0, Tier::Slow, Self::SETTLED)
+    }
+}
+
+impl HeatRecord {
+    /// Largest heat value.
+    pub const MAX_HEAT: u8 = 31;
+    /// The move age meaning "not moved in the last 3 ticks".
+    pub const SETTLED: u8 = 3;
+    const FAST: u8 = 1 << 5;
+    const AGE_SHIFT: u8 = 6;
+
+    /// Builds a record; heat saturates at [`Self::MAX_HEAT`], move age at [`Self::SETTLED`].
+    pub fn new(heat: u8, tier: Tier, move_age: u8) -> Self {
+        let mut b = heat.min(Self::MAX_HEAT);
+        if tier == Tier::Fast {
+            b |= Self::FAST;
+        }
+        b |= move_age.min(Self::SETTLED) << Self::AGE_SHIFT;
+        Self(b)
+    }
+
+    /// The raw byte.
+    pub fn to_byte(self) -> u8 {
+        self.0
+    }
+
+    /// Heat, 0..=31.
+    pub fn heat(self) -> u8 {
+        self.0 & Self::MAX_HEAT
+    }
+
+    /// Current tier.
+    pub fn tier(self) -> Tier {
+        if self.0 & Self::FAST != 0 {
+            Tier::Fast
+        } else {
+            Tier::Slow
+        }
+    }
+
+    /// Whether the granule is in the fast tier.
+    pub fn is_fast(self) -> bool {
+        self.0 & Self::FAST != 0
+    }
+
+    /// Ticks since the last migration, saturating at [`Self::SETTLED`].
+    pub fn move_age(self) -> u8 {
+        self.0 >> Self::AGE_SHIFT
+    }
+
+    /// Whether the granule migrated within the last [`Self::SETTLED`] ticks.
+    pub fn recently_moved(self) -> bool {
+        self.move_age() < Self::SETTLED
+    }
+
+    /// The same record with another heat (saturating).
+    pub fn with_heat(self, heat: u8) -> Self {
+        Self((self.0 & !Self::MAX_HEAT) | heat.min(Self::MAX_HEAT))
+    }
+
+    /// The record one tick later: move age advanced by one (saturating).
+    pub fn aged(self) -> Self {
+        Self::new(self.heat(), self.tier(), self.move_age().saturating_add(1))
+    }
+
+    /// The record after a migration to `tier` this tick (move age 0).
+    pub fn moved_to(self, tier: Tier) -> Self {
+        Self::new(self.heat(), tier, 0)
+    }
+
+    /// The record after the granule was first placed on `tier` (no migration: age kept).
+    pub fn placed_on(self, tier: Tier) -> Self {
+        Self::new(self.heat(), tier, self.move_age())
+    }
+}
+
+/// The tracking source a policy wants the engine to feed it.
+#[derive(Clone, Copy, PartialEq, Eq, Hash, Debug)]
+pub enum TrackingSource {
+    /// Per-granule accessed-bit scans (idle page tracking, PAGEMAP_SCAN, EPT A-bits);
+    /// [`PolicyInput::observed`] counts the scans that found the granule accessed.
+    AbitScan,
+    /// DAMON-style adaptive regions ([`PolicyInput::regions`]); heat is per region.
+    DamonRegions,
+    /// IBS/PEBS-like sampling of memory accesses; [`PolicyInput::observed`] counts samples.
+    Sampling,
+    /// NUMA-balancing hint faults on slow-tier granules ([`PolicyInput::hint_faults`]).
+    HintFaults,
+    /// Nothing: the policy never migrates.
+    None,
+}
+
+/// A NUMA hint fault: the first access to a granule after the scanner made it inaccessible.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub struct HintFault {
+    /// The faulting granule.
+    pub granule: Granule,
+    /// Time from the scanner unmapping the granule to the fault, in thousandths of a tick.
+    pub latency_millitick: u32,
+}
+
+/// A DAMON-style monitoring region: a run of granules with one access estimate.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub struct Region {
+    /// First granule.
+    pub start: Granule,
+    /// Number of granules (≥ 1).
+    pub len: u32,
+    /// Samples in the last tick that found the region's sampled page accessed.
+    pub nr_accesses: u16,
+    /// Ticks the region's access estimate has stayed about the same.
+    pub age: u16,
+}
+
+/// What a guest agent says about a run of its memory.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub enum HintKind {
+    /// The guest expects to use the range heavily.
+    Hot,
+    /// The guest expects not to use the range (freed, page cache it dropped, ...).
+    Cold,
+}
+
+/// A hint from a guest agent (untrusted: a policy may ignore it).
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub struct GuestHint {
+    /// First granule.
+    pub start: Granule,
+    /// Number of granules.
+    pub len: u32,
+    /// What the guest claims.
+    pub kind: HintKind,
+}
+
+/// Everything a policy may look at for one VM and one tick.
+#[derive(Debug)]
+pub struct PolicyInput<'a> {
+    /// Tick number, monotonically increasing.
+    pub tick: u64,
+    /// Bytes per granule (power of two, 4 KiB ..= 2 MiB).
+    pub granule_bytes: u64,
+    /// One record per granule.
+    pub records: &'a [HeatRecord],
+    /// Granules the VM may keep in the fast tier.
+    pub fast_budget: u64,
+    /// Granules the engine will move this tick at most (rate limit; a promotion and a
+    /// demotion count one each).
+    pub max_moves: u64,
+    /// Per-granule observations of this tick from an [`TrackingSource::AbitScan`] or
+    /// [`TrackingSource::Sampling`] source; empty for other sources.
+    pub observed: &'a [u16],
+    /// Largest value an A-bit scan observation can take (scans per tick).
+    pub max_observed: u16,
+    /// Hint faults of this tick, in time order.
+    pub hint_faults: &'a [HintFault],
+    /// DAMON-style regions covering all granules, in address order.
+    pub regions: &'a [Region],
+    /// Guest hints received this tick.
+    pub hints: &'a [GuestHint],
+}
+
+impl<'a> PolicyInput<'a> {
+    /// An input with only the records filled in (no raw observations).
+    pub fn from_records(
+        tick: u64,
+        granule_bytes: u64,
+        records: &'a [HeatRecord],
+        fast_budget: u64,
+        max_moves: u64,
+    ) -> Self {
+        Self {
+            tick,
+            granule_bytes,
+            records,
+            fast_budget,
+            max_moves,
+            observed: &[],
+            max_observed: 0,
+            hint_faults: &[],
+            regions: &[],
+            hints: &[],
+        }
+    }
+
+    /// Granules currently in the fast tier.
+    pub fn fast_used(&self) -> u64 {
+        self.records.iter().filter(|r| r.is_fast()).count() as u64
+    }
+}
+
+/// A policy's decision for one tick, each list in priority order (most important first).
+///
+/// The engine applies demotions first, then promotions while the fast tier has room, and
+/// stops at [`PolicyInput::max_moves`] moves in all.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Plan {
+    /// Granules to move to the fast tier, hottest first.
+    pub promote: Vec<Granule>,
+    /// Granules to move to the slow tier, coldest first.
+    pub demote: Vec<Granule>,
+}
+
+impl Plan {
+    /// Total number of moves in the plan.
+    pub fn moves(&self) -> usize {
+        self.promote.len().saturating_add(self.demote.len())
+    }
+
+    /// Whether the plan moves nothing.
+    pub fn is_empty(&self) -> bool {
+        self.promote.is_empty() && self.demote.is_empty()
+    }
+}
+
+/// Decides which granules belong in the fast tier. Must be pure.
+pub trait PlacementPolicy: Send {
+    /// Registry name (`default`, `tpp`, ...).
+    fn name(&self) -> &'static str;
+
+    /// The tracking source whose observations this policy reads.
+    fn source(&self) -> TrackingSource {
+        TrackingSource::AbitScan
+    }
+
+    /// Bytes of state the policy keeps between ticks (beyond the engine's records).
+    fn state_bytes(&self) -> u64 {
+        0
+    }
+
+    /// Plans one tick.
+    fn plan(&mut self, input: &PolicyInput<'_>) -> Plan;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn heat_record_packs_into_one_byte() {
+        let cases = [
+            (0, Tier::Slow, 0),
+            (31, Tier::Fast, 3),
+            (200, Tier::Fast, 9),
+            (17, Tier::Slow, 1),
+        ];
+        for (heat, tier, age) in cases {
+            let r = HeatRecord::new(heat, tier, age);
+            assert_eq!(r.heat(), heat.min(31));
+            assert_eq!(r.tier(), tier);
+            assert_eq!(r.move_age(), age.min(3));
+            assert_eq!(r.recently_moved(), age < 3);
+        }
+        assert_eq!(std::mem::size_of::<HeatRecord>(), 1);
+    }
+
+    #[test]
+    fn heat_record_transitions() {
+        let cases = [
+            (HeatRecord::default().moved_to(Tier::Fast), Tier::Fast, 0, 1),
+            (HeatRecord::new(5, Tier::Fast, 2), Tier::Fast, 2, 3),
+            (HeatRecord::new(5, Tier::Slow, 3), Tier::Slow, 3, 3),
+        ];
+        for (r, tier, age, next_age) in cases {
+            assert_eq!(r.tier(), tier);
+            assert_eq!(r.move_age(), age);
+            assert_eq!(r.aged().move_age(), next_age);
+            assert_eq!(r.aged().tier(), tier);
+        }
+        let r = HeatRecord::new(3, Tier::Fast, 1).with_heat(40);
+        assert_eq!((r.heat(), r.tier(), r.move_age()), (31, Tier::Fast, 1));
+        assert_eq!(HeatRecord::default().placed_on(Tier::Fast).move_age(), 3);
+    }
+
+    #[test]
+    fn plan_counts_moves() {
+        let p = Plan {
+            promote: vec![Granule(1), Granule(2)],
+            demote: vec![Granule(3)],
+        };
+        assert_eq!(p.moves(), 3);
+        assert!(!p.is_empty());
+        assert!(Plan::default().is_empty());
+    }
+}
