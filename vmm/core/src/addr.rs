@@ -16,7 +16,9 @@ pub use vm_memory::GuestAddress as GuestPhysAddr;
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
 pub enum ParseError {
     /// Not a size such as `64M`, `2GiB` or `4096`.
-    #[error("Invalid size {0:?}: expected a number with an optional K/M/G/T suffix (binary units)")]
+    #[error(
+        "Invalid size {0:?}: expected a number with an optional K/M/G/T suffix (binary units)"
+    )]
     Size(String),
     /// Size does not fit in 64 bits.
     #[error("Size {0:?} is too large")]
@@ -368,7 +370,10 @@ mod tests {
         assert!(a.is_aligned(PageSize::Base));
         assert!(!a.is_aligned(PageSize::Huge));
         assert_eq!(HostVirtAddr::new(u64::MAX).checked_add(1), None);
-        assert_eq!(a.checked_offset_from(HostVirtAddr::new(0x7f00_0020_0000)), Some(0x1000));
+        assert_eq!(
+            a.checked_offset_from(HostVirtAddr::new(0x7f00_0020_0000)),
+            Some(0x1000)
+        );
         assert_eq!(HostVirtAddr::new(0).checked_offset_from(a), None);
     }
 }

@@ -101,7 +101,10 @@ impl GuestMemoryLayout {
         for pair in ranges.windows(2) {
             // Both ends were checked above.
             if pair[0].gpa_end().is_some_and(|end| end > pair[1].gpa) {
-                return Err(Error::GpaOverlap(pair[0].name.clone(), pair[1].name.clone()));
+                return Err(Error::GpaOverlap(
+                    pair[0].name.clone(),
+                    pair[1].name.clone(),
+                ));
             }
         }
         Ok(Self { pid, ranges })
@@ -114,7 +117,10 @@ impl GuestMemoryLayout {
 
     /// The host address backing `gpa`, if it is guest RAM.
     pub fn translate(&self, gpa: GuestPhysAddr) -> Option<HostVirtAddr> {
-        let i = self.ranges.partition_point(|r| r.gpa <= gpa).checked_sub(1)?;
+        let i = self
+            .ranges
+            .partition_point(|r| r.gpa <= gpa)
+            .checked_sub(1)?;
         self.ranges[i].translate(gpa)
     }
 }
@@ -140,7 +146,10 @@ mod tests {
         let a = 0x7f00_0000_0000;
         let l = GuestMemoryLayout::new(
             ProcessId::new(1),
-            vec![range("hi", 4 << 30, a + (3 << 30), 1 << 30), range("lo", 0, a, 3 << 30)],
+            vec![
+                range("hi", 4 << 30, a + (3 << 30), 1 << 30),
+                range("lo", 0, a, 3 << 30),
+            ],
         )
         .unwrap();
         let cases: &[(u64, Option<u64>)] = &[
@@ -169,9 +178,15 @@ mod tests {
                 vec![range("o", u64::MAX - 0xfff, 0x1000, 0x2000)],
                 Error::Overflow("o".into()),
             ),
-            (vec![range("u", 0x800, 0x1000, 0x1000)], Error::Unaligned("u".into())),
             (
-                vec![range("a", 0, 0x10000, 0x2000), range("b", 0x1000, 0x20000, 0x1000)],
+                vec![range("u", 0x800, 0x1000, 0x1000)],
+                Error::Unaligned("u".into()),
+            ),
+            (
+                vec![
+                    range("a", 0, 0x10000, 0x2000),
+                    range("b", 0x1000, 0x20000, 0x1000),
+                ],
                 Error::GpaOverlap("a".into(), "b".into()),
             ),
         ];

@@ -173,7 +173,11 @@ impl MovePages {
     pub fn new(batch: usize, move_shared: bool) -> Self {
         Self {
             batch: batch.max(1),
-            flags: if move_shared { MPOL_MF_MOVE_ALL } else { MPOL_MF_MOVE },
+            flags: if move_shared {
+                MPOL_MF_MOVE_ALL
+            } else {
+                MPOL_MF_MOVE
+            },
             ptrs: Vec::new(),
             nodes: Vec::new(),
             status: Vec::new(),
@@ -199,21 +203,28 @@ impl Migrator for MovePages {
         target: NodeId,
     ) -> Result<MigrationReport, Error> {
         let start = Instant::now();
-        let node = libc::c_int::try_from(target.raw())
-            .map_err(|_| Error::NodeUnavailable(target))?;
+        let node =
+            libc::c_int::try_from(target.raw()).map_err(|_| Error::NodeUnavailable(target))?;
         let mut report = MigrationReport {
             outcomes: Vec::with_capacity(pages.len()),
             ..Default::default()
         };
         for chunk in pages.chunks(self.batch) {
             self.ptrs.clear();
-            self.ptrs.extend(chunk.iter().map(|p| p.addr.raw() as *mut libc::c_void));
+            self.ptrs
+                .extend(chunk.iter().map(|p| p.addr.raw() as *mut libc::c_void));
             self.nodes.clear();
             self.nodes.resize(chunk.len(), node);
             self.status.clear();
             self.status.resize(chunk.len(), 0);
-            sys_move_pages(pid, &self.ptrs, Some(&self.nodes), &mut self.status, self.flags)
-                .map_err(|e| whole_call_error(e, pid, Some(target)))?;
+            sys_move_pages(
+                pid,
+                &self.ptrs,
+                Some(&self.nodes),
+                &mut self.status,
+                self.flags,
+            )
+            .map_err(|e| whole_call_error(e, pid, Some(target)))?;
             let first = report.outcomes.len();
             report
                 .outcomes
@@ -274,7 +285,10 @@ mod tests {
         assert!(q.iter().all(|n| matches!(n, NodeQuery::On(_))), "{q:?}");
         let pages: Vec<PageRef> = addrs
             .iter()
-            .map(|&addr| PageRef { addr, size: PageSize::Base })
+            .map(|&addr| PageRef {
+                addr,
+                size: PageSize::Base,
+            })
             .collect();
         let node = match q[0] {
             NodeQuery::On(n) => n,
@@ -283,16 +297,27 @@ mod tests {
         let r = MovePages::default().migrate(pid, &pages, node).unwrap();
         assert_eq!(r.count(PageOutcome::OnTarget), pages.len());
         assert_eq!(r.bytes_on_target, 7 * 4096);
-        assert_eq!(buf.iter().map(|&b| u64::from(b)).sum::<u64>(), 7 * 16 * 4096);
+        assert_eq!(
+            buf.iter().map(|&b| u64::from(b)).sum::<u64>(),
+            7 * 16 * 4096
+        );
     }
 
     #[test]
     fn whole_call_errors_are_classified() {
         let me = ProcessId::new(i32::try_from(std::process::id()).unwrap());
         let nowhere = NodeId::new(4000);
-        let page = PageRef { addr: HostVirtAddr::new(0x1000), size: PageSize::Base };
-        let err = MovePages::default().migrate(me, &[page], nowhere).unwrap_err();
-        assert!(matches!(err, Error::NodeUnavailable(n) if n == nowhere), "{err:?}");
+        let page = PageRef {
+            addr: HostVirtAddr::new(0x1000),
+            size: PageSize::Base,
+        };
+        let err = MovePages::default()
+            .migrate(me, &[page], nowhere)
+            .unwrap_err();
+        assert!(
+            matches!(err, Error::NodeUnavailable(n) if n == nowhere),
+            "{err:?}"
+        );
         let gone = ProcessId::new(i32::MAX);
         let err = query_nodes(gone, &[page.addr]).unwrap_err();
         assert!(matches!(err, Error::ProcessGone(p) if p == gone), "{err:?}");

@@ -1,0 +1,51 @@
+# vmtier — top-level targets. `make demo` and `make test` are the two set-up commands:
+# both install what they need first (tools/install-deps, idempotent).
+
+CARGO ?= cargo
+TARGET := $(CURDIR)/target
+BIN := $(TARGET)/release
+GUEST := $(TARGET)/workload-guest/workload.elf
+
+.PHONY: all deps build guest demo test test-unit test-guest test-testbed lint testbed clean
+
+all: build
+
+deps:
+	tools/install-deps
+
+build: deps
+	$(CARGO) build --release --workspace --locked
+	$(MAKE) -C tests/workload-guest O=$(TARGET)/workload-guest
+
+guest:
+	$(MAKE) -C tests/workload-guest O=$(TARGET)/workload-guest
+
+# The main job: the tiered host boots, the workload guest starts with its RAM on the CXL
+# node, and its per-node residency is shown live.
+demo: build
+	tests/testbed/run -- $(BIN)/tbcheck demo --elf $(GUEST)
+
+# Everything: unit tests, lints, the guest's own smoke test, the testbed suite.
+test: build
+	$(MAKE) --no-print-directory test-unit lint test-guest test-testbed
+
+test-unit:
+	$(CARGO) test --workspace --locked
+
+lint:
+	$(CARGO) fmt --all -- --check
+	$(CARGO) clippy --workspace --all-targets --locked -- -D warnings
+
+test-guest: guest
+	tests/workload-guest/smoke.sh $(GUEST)
+
+test-testbed:
+	tests/testbed/suite
+
+# Run any command inside the tiered host: make testbed CMD='numactl -H'
+testbed: build
+	tests/testbed/run -- $(CMD)
+
+clean:
+	$(CARGO) clean
+	$(MAKE) -C tests/workload-guest O=$(TARGET)/workload-guest clean

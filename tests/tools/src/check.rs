@@ -1,0 +1,40 @@
+//! Assertion bookkeeping: TAP-like lines, counted.
+
+use std::fmt::Display;
+use std::process::ExitCode;
+
+/// Counts and prints assertions.
+#[derive(Debug, Default)]
+pub struct Checks {
+    passed: u32,
+    failed: u32,
+}
+
+impl Checks {
+    /// Records one assertion; returns `ok` so callers can stop early.
+    pub fn check(&mut self, ok: bool, name: &str, detail: impl Display) -> bool {
+        if ok {
+            self.passed += 1;
+            println!("ok - {name}: {detail}");
+        } else {
+            self.failed += 1;
+            println!("not ok - {name}: {detail}");
+        }
+        ok
+    }
+
+    /// Records a failure that prevents further checks.
+    pub fn fatal(&mut self, name: &str, detail: impl Display) {
+        self.check(false, name, detail);
+    }
+
+    /// Prints the summary and turns it into an exit code.
+    pub fn finish(self) -> ExitCode {
+        println!("{} passed, {} failed", self.passed, self.failed);
+        if self.failed == 0 && self.passed > 0 {
+            ExitCode::SUCCESS
+        } else {
+            ExitCode::FAILURE
+        }
+    }
+}

@@ -1,0 +1,436 @@
+//! The workload guest under a real QEMU inside the tiered host, its RAM found through QMP
+//! and moved node 1 → node 0 → node 1 with move_pages(2) while it runs and verifies itself.
+
+use std::io::{BufRead, BufReader, Write};
+use std::path::PathBuf;
+use std::process::{Child, ChildStdin, Command, Stdio};
+use std::sync::mpsc::{self, Receiver, RecvTimeoutError};
+use std::thread;
+use std::time::{Duration, Instant};
+
+use vmtier_backends::qemu::QemuBackend;
+use vmtier_core::migrate::{Migrator, PageOutcome, PageRef};
+use vmtier_core::{Backing, ByteSize, GuestMemoryLayout, NodeId, PageSize};
+use vmtier_migrate::{MovePages, Residency};
+
+use crate::check::Checks;
+
+#[derive(clap::Args, Debug)]
+pub struct GuestArgs {
+    /// The workload guest kernel (multiboot ELF).
+    #[arg(long)]
+    elf: PathBuf,
+    /// Guest RAM.
+    #[arg(long, default_value = "128M")]
+    ram: ByteSize,
+    /// Hot-set size (default: the guest's own default).
+    #[arg(long)]
+    hot: Option<ByteSize>,
+    /// node1 → node0 → node1 rounds to run while the guest runs.
+    #[arg(long, default_value_t = 2)]
+    rounds: u32,
+    /// Test only: ask the guest to corrupt one word, and expect exactly that one reported.
+    #[arg(long)]
+    inject: bool,
+    /// Seconds to wait for the guest to fill its RAM.
+    #[arg(long, default_value_t = 600)]
+    fill_timeout: u64,
+    /// QEMU binary.
+    #[arg(long, default_value = "qemu-system-x86_64")]
+    qemu: String,
+}
+
+/// A running workload guest: its QEMU process and its serial lines.
+pub struct Guest {
+    child: Child,
+    stdin: Option<ChildStdin>,
+    lines: Receiver<String>,
+    /// Every `WG` line seen so far.
+    pub seen: Vec<String>,
+    /// QMP socket path.
+    pub qmp: PathBuf,
+    dir: PathBuf,
+}
+
+/// Value of `key=` in a `WG` line.
+pub fn field<'a>(line: &'a str, key: &str) -> Option<&'a str> {
+    line.split_whitespace()
+        .find_map(|w| w.strip_prefix(key)?.strip_prefix('='))
+}
+
+/// A numeric field, decimal or 0x-hex.
+pub fn num(line: &str, key: &str) -> Option<u64> {
+    let v = field(line, key)?;
+    match v.strip_prefix("0x") {
+        Some(h) => u64::from_str_radix(h, 16).ok(),
+        None => v.parse().ok(),
+    }
+}
+
+impl Guest {
+    /// Starts QEMU with guest RAM bound to `node` (private anonymous memory-backend-ram).
+    pub fn start(
+        qemu: &str,
+        elf: &std::path::Path,
+        ram: ByteSize,
+        node: u32,
+        append: &str,
+    ) -> std::io::Result<Self> {
+        let dir = std::env::temp_dir().join(format!("vmtier-guest-{}", std::process::id()));
+        std::fs::create_dir_all(&dir)?;
+        let qmp = dir.join("qmp.sock");
+        let _ = std::fs::remove_file(&qmp);
+        let mib = ram.0 >> 20;
+        let mut child = Command::new(qemu)
+            .args(["-accel", "tcg", "-m", &format!("{mib}M")])
+            .args([
+                "-object",
+                &format!("memory-backend-ram,id=ram0,size={mib}M,host-nodes={node},policy=bind"),
+            ])
+            .args(["-machine", "pc,memory-backend=ram0"])
+            .arg("-kernel")
+            .arg(elf)
+            .args(["-append", append])
+            .args([
+                "-display",
+                "none",
+                "-nodefaults",
+                "-no-reboot",
+                "-serial",
+                "stdio",
+            ])
+            .args(["-device", "isa-debug-exit,iobase=0xf4,iosize=4"])
+            .arg("-qmp")
+            .arg(format!("unix:{},server=on,wait=off", qmp.display()))
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .spawn()?;
+        let stdout = child.stdout.take().expect("piped stdout");
+        let (tx, lines) = mpsc::channel();
+        thread::spawn(move || {
+            for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+                let line = line.trim_end().to_owned();
+                if tx.send(line).is_err() {
+                    break;
+                }
+            }
+        });
+        let stdin = child.stdin.take();
+        Ok(Self {
+            child,
+            stdin,
+            lines,
+            seen: Vec::new(),
+            qmp,
+            dir,
+        })
+    }
+
+    /// Waits for a line starting with `prefix`, echoing guest lines; `None` on timeout or exit.
+    pub fn wait_for(&mut self, prefix: &str, timeout: Duration) -> Option<String> {
+        let deadline = Instant::now() + timeout;
+        loop {
+            let left = deadline.checked_duration_since(Instant::now())?;
+            match self.lines.recv_timeout(left) {
+                Ok(line) => {
+                    println!("  guest| {line}");
+                    if line.starts_with("WG ") {
+                        self.seen.push(line.clone());
+                    }
+                    if line.starts_with(prefix) {
+                        return Some(line);
+                    }
+                }
+                Err(RecvTimeoutError::Timeout | RecvTimeoutError::Disconnected) => return None,
+            }
+        }
+    }
+
+    /// Drains lines already received.
+    pub fn poll(&mut self) {
+        while let Ok(line) = self.lines.try_recv() {
+            println!("  guest| {line}");
+            if line.starts_with("WG ") {
+                self.seen.push(line);
+            }
+        }
+    }
+
+    /// Asks the guest to finish (final sweep, `WG done`) through its serial input.
+    pub fn request_stop(&mut self) {
+        if let Some(mut s) = self.stdin.take() {
+            let _ = s.write_all(b"q\n");
+        }
+    }
+
+    /// Waits for QEMU to exit and returns its status code.
+    pub fn wait_exit(&mut self, timeout: Duration) -> Option<i32> {
+        let deadline = Instant::now() + timeout;
+        while Instant::now() < deadline {
+            if let Ok(Some(st)) = self.child.try_wait() {
+                return st.code();
+            }
+            thread::sleep(Duration::from_millis(100));
+        }
+        None
+    }
+}
+
+impl Drop for Guest {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// One page reference per 4 KiB of every guest RAM range. THP-backed ranges are moved whole
+/// by the kernel on their first subpage; the migrator re-queries the rest.
+fn all_pages(layout: &GuestMemoryLayout) -> Vec<PageRef> {
+    let page = PageSize::Base.bytes();
+    layout
+        .ranges
+        .iter()
+        .flat_map(|r| (0..r.len / page).filter_map(move |i| r.hva.checked_add(i * page)))
+        .map(|addr| PageRef {
+            addr,
+            size: PageSize::Base,
+        })
+        .collect()
+}
+
+fn residency(layout: &GuestMemoryLayout) -> Result<Residency, vmtier_core::migrate::Error> {
+    let mut total = Residency::default();
+    for r in &layout.ranges {
+        let part = Residency::of_range(layout.pid, r.hva, r.len)?;
+        for (n, b) in part.per_node {
+            match total.per_node.iter_mut().find(|e| e.0 == n) {
+                Some(e) => e.1 += b,
+                None => total.per_node.push((n, b)),
+            }
+        }
+        total.not_present += part.not_present;
+        total.errors += part.errors;
+    }
+    total.per_node.sort();
+    Ok(total)
+}
+
+pub fn run(c: &mut Checks, a: &GuestArgs) {
+    let mut append = String::from("report=2 duration=900");
+    if let Some(h) = a.hot {
+        append.push_str(&format!(" hot={}K", h.0 >> 10));
+    }
+    if a.inject {
+        append.push_str(" inject=1");
+    }
+    let mut g = match Guest::start(&a.qemu, &a.elf, a.ram, 1, &append) {
+        Ok(g) => g,
+        Err(e) => return c.fatal("start QEMU", e),
+    };
+    let t0 = Instant::now();
+    let Some(start) = g.wait_for("WG start", Duration::from_secs(60)) else {
+        return c.fatal("guest starts", "no 'WG start' line within 60 s");
+    };
+    c.check(num(&start, "ram_bytes").is_some(), "guest starts", &start);
+    let Some(filled) = g.wait_for("WG filled", Duration::from_secs(a.fill_timeout)) else {
+        return c.fatal(
+            "guest fills its RAM",
+            format!("no 'WG filled' within {} s", a.fill_timeout),
+        );
+    };
+    c.check(
+        true,
+        "guest fills its RAM",
+        format!(
+            "{filled} (nested TCG, emulated; {:.1} s wall)",
+            t0.elapsed().as_secs_f64()
+        ),
+    );
+    let inject_gpa = if a.inject {
+        match g
+            .wait_for("WG inject", Duration::from_secs(30))
+            .and_then(|l| num(&l, "gpa"))
+        {
+            Some(gpa) => Some(gpa),
+            None => {
+                return c.fatal(
+                    "guest announces the injected word",
+                    "no 'WG inject gpa=' line",
+                )
+            }
+        }
+    } else {
+        None
+    };
+
+    let mut backend = match QemuBackend::connect(&g.qmp, Duration::from_secs(10)) {
+        Ok(b) => b,
+        Err(e) => return c.fatal("connect to QMP", e),
+    };
+    let layout = match backend.discover() {
+        Ok(l) => l,
+        Err(e) => return c.fatal("locate guest RAM through QMP", e),
+    };
+    let total = layout.total_bytes();
+    let anon = layout
+        .ranges
+        .iter()
+        .all(|r| r.backing == Backing::PrivateAnon);
+    c.check(
+        anon && total <= a.ram.0 && total + (1 << 20) >= a.ram.0,
+        "guest RAM located in the QEMU process",
+        format!(
+            "{} in {} ranges, {}",
+            ByteSize(total),
+            layout.ranges.len(),
+            layout
+                .ranges
+                .iter()
+                .map(|r| format!("gpa {:#x} -> hva {} +{}", r.gpa.0, r.hva, ByteSize(r.len)))
+                .collect::<Vec<_>>()
+                .join(", ")
+        ),
+    );
+    match residency(&layout) {
+        Ok(r) => c.check(
+            r.on(NodeId::new(1)) + r.not_present == total && r.on(NodeId::new(1)) > total / 2,
+            "guest RAM starts on node 1",
+            format!("{:?}, not present {}", r.per_node, ByteSize(r.not_present)),
+        ),
+        Err(e) => c.check(false, "guest RAM residency", e),
+    };
+
+    let pages = all_pages(&layout);
+    let mut mover = MovePages::default();
+    let mut last_touches = 0;
+    for round in 1..=a.rounds {
+        for to in [0u32, 1] {
+            let target = NodeId::new(to);
+            let t = Instant::now();
+            let report = match mover.migrate(layout.pid, &pages, target) {
+                Ok(r) => r,
+                Err(e) => {
+                    return c.fatal(&format!("round {round}: move guest RAM to node {to}"), e)
+                }
+            };
+            let bad = report
+                .outcomes
+                .iter()
+                .filter(|o| {
+                    !matches!(
+                        o,
+                        PageOutcome::OnTarget | PageOutcome::NotPresent | PageOutcome::Busy
+                    )
+                })
+                .count();
+            let res = residency(&layout);
+            let (on, elsewhere) = match &res {
+                Ok(r) => (
+                    r.on(target),
+                    r.per_node
+                        .iter()
+                        .filter(|e| e.0 != target)
+                        .map(|e| e.1)
+                        .sum::<u64>(),
+                ),
+                Err(_) => (0, u64::MAX),
+            };
+            // Pages the guest touches while we move may be busy for an instant: allow a
+            // sliver (1%) elsewhere, but every other page must be on the target.
+            c.check(
+                bad == 0 && elsewhere <= total / 100 && on > 0,
+                &format!("round {round}: guest RAM moved to node {to} while running"),
+                format!(
+                    "{} on node {to}, {} elsewhere, {} busy, {bad} failed, {:.0} ms (emulated)",
+                    ByteSize(on),
+                    ByteSize(elsewhere),
+                    report.count(PageOutcome::Busy),
+                    t.elapsed().as_secs_f64() * 1e3
+                ),
+            );
+            g.poll();
+        }
+        // The guest keeps running between rounds: its touch counter advances.
+        let _ = g.wait_for("WG progress", Duration::from_secs(60));
+        let touches = g
+            .seen
+            .iter()
+            .rev()
+            .find_map(|l| {
+                l.starts_with("WG progress")
+                    .then(|| num(l, "touches"))
+                    .flatten()
+            })
+            .unwrap_or(0);
+        c.check(
+            touches > last_touches,
+            &format!("round {round}: guest runs during migration"),
+            format!("touches {touches}"),
+        );
+        last_touches = touches;
+    }
+
+    g.request_stop();
+    let Some(done) = g.wait_for("WG done", Duration::from_secs(900)) else {
+        return c.fatal("guest finishes", "no 'WG done' line");
+    };
+    let exit = g.wait_exit(Duration::from_secs(30));
+    let corrupt: Vec<u64> = g
+        .seen
+        .iter()
+        .filter(|l| l.starts_with("WG corrupt"))
+        .filter_map(|l| num(l, "gpa"))
+        .collect();
+    let sweeps = num(&done, "sweeps").unwrap_or(0);
+    c.check(
+        sweeps >= 1,
+        "guest re-verified all its RAM",
+        format!("{sweeps} sweeps"),
+    );
+    match inject_gpa {
+        None => {
+            c.check(
+                corrupt.is_empty() && num(&done, "corrupted") == Some(0),
+                "guest reports zero corrupted words",
+                &done,
+            );
+            c.check(
+                exit == Some(1),
+                "QEMU exit status says pass",
+                format!("{exit:?} (isa-debug-exit 0 -> 1)"),
+            );
+        }
+        Some(gpa) => {
+            c.check(
+                corrupt == [gpa] && num(&done, "corrupted") == Some(1),
+                "guest reports exactly the injected word",
+                format!("injected {gpa:#x}, reported {corrupt:x?}; {done}"),
+            );
+            c.check(
+                exit == Some(3),
+                "QEMU exit status says fail",
+                format!("{exit:?} (isa-debug-exit 1 -> 3)"),
+            );
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn fields_parse() {
+        let l = "WG corrupt gpa=0x00a01000 expected=0x12 found=0x13";
+        let cases = [
+            ("gpa", Some(0xa01000)),
+            ("expected", Some(0x12)),
+            ("nope", None),
+        ];
+        for (k, want) in cases {
+            assert_eq!(num(l, k), want, "{k}");
+        }
+        assert_eq!(num("WG done corrupted=0 sweeps=3", "sweeps"), Some(3));
+    }
+}
