@@ -4,15 +4,18 @@
 //!   NUMA node, VM, process), sizes with units.
 //! - [`layout`]: where a guest's RAM lives in the VMM process.
 //! - [`backend`]: the [`backend::VmBackend`] trait that reports it.
+//! - [`hotness`]: the [`hotness::HotnessSource`] trait and what it reports.
 //! - [`migrate`]: the [`migrate::Migrator`] trait and per-page outcomes.
 //! - [`policy`]: the pure [`policy::PlacementPolicy`] trait and its input/plan types.
 
 pub mod addr;
 pub mod backend;
+pub mod hotness;
 pub mod layout;
 pub mod migrate;
 pub mod policy;
 
 pub use addr::{ByteSize, GuestPhysAddr, HostVirtAddr, NodeId, PageSize, ProcessId, VmId};
 pub use backend::VmBackend;
+pub use hotness::{HotnessSource, RegionAccess};
 pub use layout::{Backing, GuestMemoryLayout, GuestRamRange};
