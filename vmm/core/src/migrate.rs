@@ -70,6 +70,28 @@ impl MigrationReport {
     }
 }
 
+/// Where a page is, as the kernel reports it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PageLocation {
+    /// Resident on this node.
+    On(NodeId),
+    /// Not populated.
+    NotPresent,
+    /// Unknown (unmapped, or an error for this page).
+    Unknown,
+}
+
+/// Finds which node pages are on (move_pages(2) without target nodes on Linux).
+pub trait PageLocator: Send {
+    /// Locates `addrs` of `pid`, one result per address, appended to `out`.
+    fn locate(
+        &mut self,
+        pid: ProcessId,
+        addrs: &[HostVirtAddr],
+        out: &mut Vec<PageLocation>,
+    ) -> Result<(), Error>;
+}
+
 /// Moves pages of a process between NUMA nodes.
 pub trait Migrator: Send {
     /// Short name for logs and metrics (`move_pages`, `kmod`).

@@ -1,0 +1,426 @@
+//! `vmtier-sim`: replays page-access traces against vmtier's placement policies.
+//!
+//! ```text
+//! vmtier-sim run --trace FILE --policy NAME [--config FILE] [--json]
+//! vmtier-sim gen KIND --out FILE [--pages N] [--accesses N] [--seed N] [--phases N]
+//! vmtier-sim record-lackey --out FILE [--max-records N] [--skip-records N] < lackey.log
+//! vmtier-sim report [--traces DIR] [--out DIR] [--config FILE] [--quick] [--no-scale]
+//! vmtier-sim scale [--pages-log2 N] [--accesses N]
+//! vmtier-sim policies
+//! ```
+
+#![allow(clippy::cast_possible_truncation)]
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+use std::time::Instant;
+
+use vmtier_policies::gen::{self, Kind, Spec};
+use vmtier_policies::report::{self, TraceReport};
+use vmtier_policies::sim::{self, Config, Planner};
+use vmtier_policies::trace::Trace;
+use vmtier_policies::{lackey, registry, scale};
+
+const USAGE: &str = "usage:
+  vmtier-sim run --trace FILE --policy NAME [--config FILE] [--json]
+  vmtier-sim gen KIND --out FILE [--pages N] [--accesses N] [--seed N] [--phases N]
+      KIND: zipf | moving-hot | phases | scan-hot | gups
+  vmtier-sim record-lackey --out FILE [--max-records N] [--skip-records N] < lackey.log
+  vmtier-sim report [--traces DIR] [--out DIR] [--config FILE] [--quick] [--no-scale]
+  vmtier-sim scale [--pages-log2 N] [--accesses N]
+  vmtier-sim policies";
+
+/// Command-line errors (each printed with its cause chain).
+#[derive(Debug, thiserror::Error)]
+enum Error {
+    #[error("{0}\n{USAGE}")]
+    Usage(String),
+    #[error("Failed to read config {0}")]
+    ConfigRead(PathBuf, #[source] std::io::Error),
+    #[error("Invalid config {0}")]
+    ConfigParse(PathBuf, #[source] toml::de::Error),
+    #[error("Failed to load trace {0}")]
+    Trace(PathBuf, #[source] vmtier_policies::trace::Error),
+    #[error(transparent)]
+    Sim(#[from] sim::Error),
+    #[error(transparent)]
+    Gen(#[from] gen::Error),
+    #[error(transparent)]
+    Lackey(#[from] lackey::Error),
+    #[error(transparent)]
+    Report(#[from] report::Error),
+    #[error("Failed to list traces in {0}")]
+    List(PathBuf, #[source] std::io::Error),
+}
+
+struct Args {
+    positional: Vec<String>,
+    opts: HashMap<String, String>,
+    flags: Vec<String>,
+}
+
+fn parse_args(args: &[String], with_value: &[&str]) -> Result<Args, Error> {
+    let mut a = Args {
+        positional: Vec::new(),
+        opts: HashMap::new(),
+        flags: Vec::new(),
+    };
+    let mut it = args.iter();
+    while let Some(s) = it.next() {
+        if let Some(name) = s.strip_prefix("--") {
+            if with_value.contains(&name) {
+                let v = it
+                    .next()
+                    .ok_or_else(|| Error::Usage(format!("--{name} needs a value")))?;
+                a.opts.insert(name.to_owned(), v.clone());
+            } else {
+                a.flags.push(name.to_owned());
+            }
+        } else {
+            a.positional.push(s.clone());
+        }
+    }
+    Ok(a)
+}
+
+impl Args {
+    fn num(&self, name: &str, default: u64) -> Result<u64, Error> {
+        match self.opts.get(name) {
+            None => Ok(default),
+            Some(v) => v
+                .replace('_', "")
+                .parse()
+                .map_err(|_| Error::Usage(format!("--{name}: not a number: {v}"))),
+        }
+    }
+
+    fn need(&self, name: &str) -> Result<&str, Error> {
+        self.opts
+            .get(name)
+            .map(String::as_str)
+            .ok_or_else(|| Error::Usage(format!("missing --{name}")))
+    }
+
+    fn flag(&self, name: &str) -> bool {
+        self.flags.iter().any(|f| f == name)
+    }
+
+    fn check_flags(&self, known: &[&str]) -> Result<(), Error> {
+        match self.flags.iter().find(|f| !known.contains(&f.as_str())) {
+            Some(f) => Err(Error::Usage(format!("unknown option --{f}"))),
+            None => Ok(()),
+        }
+    }
+}
+
+fn load_config(path: Option<&String>) -> Result<Config, Error> {
+    let Some(p) = path else {
+        return Ok(Config::default());
+    };
+    let p = PathBuf::from(p);
+    let text = std::fs::read_to_string(&p).map_err(|e| Error::ConfigRead(p.clone(), e))?;
+    toml::from_str(&text).map_err(|e| Error::ConfigParse(p, e))
+}
+
+fn load_trace(p: &Path) -> Result<Trace, Error> {
+    Trace::read_path(p).map_err(|e| Error::Trace(p.to_owned(), e))
+}
+
+fn cmd_run(args: &[String]) -> Result<(), Error> {
+    let a = parse_args(args, &["trace", "policy", "config"])?;
+    a.check_flags(&["json", "no-oracle"])?;
+    let cfg = load_config(a.opts.get("config"))?;
+    let t = load_trace(Path::new(a.need("trace")?))?;
+    let name = a.need("policy")?;
+    let mut planner = Planner::by_name(name, &cfg)?;
+    let r = sim::run(&t, &mut planner, &cfg)?;
+    let oracle = if a.flag("no-oracle") || name == "oracle" {
+        None
+    } else {
+        Some(sim::run(&t, &mut Planner::Oracle, &cfg)?)
+    };
+    let oracle_ratio = oracle
+        .as_ref()
+        .map(|o| r.hit_ratio / o.hit_ratio.max(1e-12));
+    let reaction = oracle
+        .as_ref()
+        .and_then(|o| sim::reaction_ticks(&r.series, &o.series, &r.marker_ticks));
+    if a.flag("json") {
+        let mut v = serde_json::to_value(&r).map_err(report::Error::Json)?;
+        if let Some(m) = v.as_object_mut() {
+            m.remove("heatmap");
+            m.insert("oracle_ratio".into(), serde_json::json!(oracle_ratio));
+            m.insert("reaction_ticks".into(), serde_json::json!(reaction));
+        }
+        println!("{v}");
+        return Ok(());
+    }
+    println!("policy               {} (source {})", r.policy, r.source);
+    println!("accesses / ticks     {} / {}", r.accesses, r.ticks);
+    println!(
+        "granules / budget    {} × {} B / {} (≤{} moves/tick)",
+        r.granules, r.granule_bytes, r.budget_granules, r.max_moves
+    );
+    println!("hit ratio            {:.4}", r.hit_ratio);
+    if let Some(x) = oracle_ratio {
+        println!("ratio to oracle      {x:.4}");
+    }
+    println!("est. slowdown        {:.3}× vs all-DRAM", r.est_slowdown);
+    println!(
+        "migrated             {} ({} moves)",
+        report::human_bytes(r.bytes_migrated),
+        r.moves
+    );
+    println!("ping-pong pages      {}", r.pingpong_pages);
+    println!(
+        "reaction             {}",
+        reaction.map_or("n/a (no markers)".into(), |t| format!("{t:.1} ticks"))
+    );
+    println!(
+        "metadata             {:.4} B/page policy, {:.4} B/page records",
+        r.metadata_bytes_per_page, r.store_bytes_per_page
+    );
+    println!(
+        "plan time            {:.3} ms/tick (max {:.3})",
+        r.plan_ms_per_interval, r.plan_ms_max
+    );
+    println!(
+        "replay               {:.2e} accesses/s",
+        r.replay_accesses_per_s
+    );
+    if r.plan_violations > 0 {
+        println!("plan violations      {}", r.plan_violations);
+    }
+    Ok(())
+}
+
+fn cmd_gen(args: &[String]) -> Result<(), Error> {
+    let a = parse_args(args, &["out", "pages", "accesses", "seed", "phases"])?;
+    a.check_flags(&[])?;
+    let kind = Kind::parse(
+        a.positional
+            .first()
+            .ok_or_else(|| Error::Usage("missing KIND".into()))?,
+    )?;
+    let d = Spec::default();
+    let spec = Spec {
+        kind,
+        pages: u32::try_from(a.num("pages", u64::from(d.pages))?)
+            .map_err(|_| Error::Usage("--pages too large".into()))?,
+        accesses: a.num("accesses", d.accesses)?,
+        seed: a.num("seed", d.seed)?,
+        phases: u32::try_from(a.num("phases", u64::from(d.phases))?).unwrap_or(u32::MAX),
+        ..d
+    };
+    let out = PathBuf::from(a.need("out")?);
+    let t = gen::generate(&spec)?;
+    t.write_path(&out)
+        .map_err(|e| Error::Trace(out.clone(), e))?;
+    eprintln!(
+        "wrote {} ({} accesses, {} pages)",
+        out.display(),
+        t.accesses.len(),
+        t.pages
+    );
+    Ok(())
+}
+
+fn cmd_record(args: &[String]) -> Result<(), Error> {
+    let a = parse_args(args, &["out", "max-records", "skip-records"])?;
+    a.check_flags(&["with-instructions"])?;
+    let opts = lackey::Options {
+        max_records: a.num("max-records", lackey::Options::default().max_records)?,
+        skip_records: a.num("skip-records", 0)?,
+        with_instructions: a.flag("with-instructions"),
+    };
+    let out = PathBuf::from(a.need("out")?);
+    let t = lackey::reduce(std::io::stdin().lock(), opts)?;
+    t.write_path(&out)
+        .map_err(|e| Error::Trace(out.clone(), e))?;
+    eprintln!(
+        "wrote {} ({} accesses, {} pages)",
+        out.display(),
+        t.accesses.len(),
+        t.pages
+    );
+    Ok(())
+}
+
+fn suite(quick: bool) -> Result<Vec<(String, Trace)>, Error> {
+    let accesses = if quick { 400_000 } else { 2_000_000 };
+    let mut v = Vec::new();
+    for kind in Kind::ALL {
+        let spec = Spec {
+            kind,
+            pages: 16_384,
+            accesses,
+            ..Spec::default()
+        };
+        v.push((format!("gen-{}", kind.name()), gen::generate(&spec)?));
+    }
+    Ok(v)
+}
+
+fn cmd_report(args: &[String]) -> Result<(), Error> {
+    let a = parse_args(args, &["traces", "out", "config"])?;
+    a.check_flags(&["quick", "no-scale"])?;
+    let quick = a.flag("quick");
+    let cfg = load_config(a.opts.get("config"))?;
+    let out = PathBuf::from(a.opts.get("out").map_or("target/bench", String::as_str));
+    std::fs::create_dir_all(&out).map_err(|e| report::Error::Write(out.clone(), e))?;
+    let mut traces = suite(quick)?;
+    let dir = PathBuf::from(a.opts.get("traces").map_or("tests/traces", String::as_str));
+    if dir.is_dir() {
+        let mut files: Vec<PathBuf> = std::fs::read_dir(&dir)
+            .map_err(|e| Error::List(dir.clone(), e))?
+            .filter_map(|e| e.ok().map(|e| e.path()))
+            .filter(|p| {
+                p.to_string_lossy().ends_with(".vmt.gz") || p.to_string_lossy().ends_with(".vmt")
+            })
+            .collect();
+        files.sort();
+        for f in files {
+            let name = f
+                .file_name()
+                .map(|n| {
+                    n.to_string_lossy()
+                        .trim_end_matches(".gz")
+                        .trim_end_matches(".vmt")
+                        .to_owned()
+                })
+                .unwrap_or_default();
+            let mut t = load_trace(&f)?;
+            if quick {
+                t.accesses.truncate(400_000);
+                t.markers.retain(|m| m.at < 400_000);
+            }
+            traces.push((name, t));
+        }
+    }
+    let started = Instant::now();
+    let mut reports: Vec<TraceReport> = Vec::new();
+    for (name, t) in &traces {
+        let (rep, runs) = report::run_trace(name, t, &cfg)?;
+        print!("{}", report::table(&rep));
+        let slug = report::slug(name);
+        report::write_file(
+            &out.join(format!("policies-hit-{slug}.svg")),
+            report::hit_svg(name, &runs).as_bytes(),
+        )?;
+        let pick: Vec<&sim::RunResult> = runs
+            .iter()
+            .filter(|r| ["oracle", "default", "numab", "memtis"].contains(&r.policy.as_str()))
+            .collect();
+        report::write_file(
+            &out.join(format!("policies-heatmap-{slug}.svg")),
+            report::heatmap_svg(name, &pick).as_bytes(),
+        )?;
+        reports.push(rep);
+    }
+    let scale = if a.flag("no-scale") {
+        None
+    } else {
+        let (log2, acc) = if quick {
+            (24, 2_000_000)
+        } else {
+            (28, 10_000_000)
+        };
+        let s = scale::run(log2, acc)?;
+        println!(
+            "scale: {} guest: plan {:.1} ms (4 KiB granules), {:.2} ms (2 MiB); policy state {:.3} B/page, records {:.3} B/page (4 KiB) / {:.4} (2 MiB); replay {:.2e} accesses/s",
+            report::human_bytes(s.guest_bytes),
+            s.plan_ms_4k,
+            s.plan_ms_2m,
+            s.policy_state_bytes_per_page,
+            s.store_bytes_per_page_4k,
+            s.store_bytes_per_page_2m,
+            s.replay_accesses_per_s
+        );
+        Some(s)
+    };
+    let met = reports
+        .iter()
+        .filter(|r| r.targets.meets_oracle_target)
+        .count();
+    let met_b = reports
+        .iter()
+        .filter(|r| r.targets.meets_bytes_target)
+        .count();
+    println!(
+        "default policy: ≥95% of oracle on {met}/{} traces; ≤0.5× bytes of best baseline at equal hit ratio on {met_b}/{}",
+        reports.len(),
+        reports.len()
+    );
+    let json = serde_json::json!({
+        "config": cfg,
+        "quick": quick,
+        "traces": reports,
+        "scale": scale,
+        "seconds": started.elapsed().as_secs_f64(),
+    });
+    let text = serde_json::to_string_pretty(&json).map_err(report::Error::Json)?;
+    let path = out.join("policies.json");
+    report::write_file(&path, text.as_bytes())?;
+    eprintln!(
+        "wrote {} and SVG plots in {}",
+        path.display(),
+        out.display()
+    );
+    Ok(())
+}
+
+fn cmd_scale(args: &[String]) -> Result<(), Error> {
+    let a = parse_args(args, &["pages-log2", "accesses"])?;
+    a.check_flags(&[])?;
+    let log2 = u32::try_from(a.num("pages-log2", 28)?).unwrap_or(28);
+    let s = scale::run(log2, a.num("accesses", 10_000_000)?)?;
+    println!(
+        "{}",
+        serde_json::to_string_pretty(&s).map_err(report::Error::Json)?
+    );
+    Ok(())
+}
+
+fn main() -> ExitCode {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let (cmd, rest) = match args.split_first() {
+        Some((c, r)) => (c.as_str(), r),
+        None => ("", &[][..]),
+    };
+    let res = match cmd {
+        "run" => cmd_run(rest),
+        "gen" => cmd_gen(rest),
+        "record-lackey" => cmd_record(rest),
+        "report" => cmd_report(rest),
+        "scale" => cmd_scale(rest),
+        "policies" => {
+            println!(
+                "{:<12} oracle: offline, knows the future (same budget and move limit)",
+                "oracle"
+            );
+            for e in registry::REGISTRY {
+                println!("{:<12} {}", e.name, e.about);
+            }
+            Ok(())
+        }
+        "-h" | "--help" | "help" => {
+            println!("{USAGE}");
+            Ok(())
+        }
+        other => Err(Error::Usage(format!("unknown command {other:?}"))),
+    };
+    match res {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            let mut msg = format!("vmtier-sim: {e}");
+            let mut src = std::error::Error::source(&e);
+            while let Some(s) = src {
+                msg.push_str(&format!(": {s}"));
+                src = s.source();
+            }
+            eprintln!("{msg}");
+            ExitCode::FAILURE
+        }
+    }
+}

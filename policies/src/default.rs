@@ -1,0 +1,207 @@
+//! vmtier's default policy, the one `vmtierd` runs.
+//!
+//! Hottest granules in DRAM up to the budget; when over budget the coldest are demoted first;
+//! when under, hot slow-tier granules are promoted; when full, a slow granule displaces a fast
+//! one only if it is hotter by a margin. Two hysteresis rules keep granules from ping-ponging:
+//! the heat margin, and a granule that moved in the last `min_move_age` ticks stays put unless
+//! the budget forces it out ([`HeatRecord::move_age`]). A granule is the unit of migration, so
+//! a 2 MiB huge page is moved whole.
+//!
+//! It keeps no per-granule state of its own: its input is the engine's one-byte
+//! [`HeatRecord`] per granule, and planning is two linear passes plus O(32) arithmetic
+//! ([`crate::select`]). Guest hints, when present, raise (hot) or clear (cold) the heat of the
+//! hinted ranges for ranking only.
+//!
+//! Sources for the design: the heat-sorted placement of vTMM (EuroSys'23: temperature buckets,
+//! fast pool up to a budget) and Memtis (SOSP'23: a hot threshold sized so the hot set fits the
+//! fast tier), with migration cost kept down as the Cloud Hypervisor issue 7574 report asks
+//! (see shared/guide/anchors.md).
+
+use serde::{Deserialize, Serialize};
+use vmtier_core::policy::{
+    HeatRecord, HintKind, PlacementPolicy, Plan, PolicyInput, TrackingSource,
+};
+
+use crate::select::{self, Rules, BUCKETS};
+
+/// Parameters of the default policy.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct Config {
+    /// Slow granules colder than this heat (0..=31) are never promoted.
+    pub promote_min_heat: u8,
+    /// A slow granule displaces a fast one only if hotter by at least this much.
+    pub swap_margin: u8,
+    /// Ticks a granule stays put after a move (0..=3) unless the budget forces it out.
+    pub min_move_age: u8,
+    /// Heat given to granules in a guest's hot hint (0 = ignore hints).
+    pub hot_hint_heat: u8,
+    /// Free DRAM kept for fast reaction, permille of the budget: cold (below
+    /// `promote_min_heat`) settled granules are demoted with moves left over in a tick.
+    pub headroom_permille: u32,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Self {
+            promote_min_heat: 4,
+            swap_margin: 8,
+            min_move_age: 3,
+            hot_hint_heat: 0,
+            headroom_permille: 0,
+        }
+    }
+}
+
+/// The default policy.
+#[derive(Clone, Debug, Default)]
+pub struct DefaultPolicy {
+    cfg: Config,
+}
+
+impl DefaultPolicy {
+    /// A default policy with `cfg`.
+    pub fn new(cfg: Config) -> Self {
+        Self { cfg }
+    }
+}
+
+/// Walks the hints (sorted by start) alongside the address-ordered granule scan.
+struct HintCursor<'a> {
+    hints: Vec<&'a vmtier_core::policy::GuestHint>,
+    next: usize,
+    hot_heat: u8,
+}
+
+impl<'a> HintCursor<'a> {
+    fn new(input: &'a PolicyInput<'_>, hot_heat: u8) -> Self {
+        let mut hints: Vec<_> = input.hints.iter().collect();
+        hints.sort_by_key(|h| h.start);
+        Self {
+            hints,
+            next: 0,
+            hot_heat,
+        }
+    }
+
+    fn key(&mut self, i: usize, r: HeatRecord) -> u8 {
+        if self.hints.is_empty() {
+            return r.heat();
+        }
+        while let Some(h) = self.hints.get(self.next) {
+            let end = u64::from(h.start.0) + u64::from(h.len);
+            if (i as u64) < end {
+                break;
+            }
+            self.next += 1;
+        }
+        match self.hints.get(self.next) {
+            Some(h) if h.start.index() <= i => match h.kind {
+                HintKind::Hot => r.heat().max(self.hot_heat),
+                HintKind::Cold => 0,
+            },
+            _ => r.heat(),
+        }
+    }
+}
+
+impl PlacementPolicy for DefaultPolicy {
+    fn name(&self) -> &'static str {
+        "default"
+    }
+
+    fn source(&self) -> TrackingSource {
+        TrackingSource::AbitScan
+    }
+
+    fn plan(&mut self, input: &PolicyInput<'_>) -> Plan {
+        let rules = Rules {
+            min_promote: self.cfg.promote_min_heat,
+            margin: self.cfg.swap_margin,
+            demote_below: BUCKETS as u8,
+            demote_cold_always: false,
+            min_move_age: self.cfg.min_move_age,
+            headroom: input.fast_budget * u64::from(self.cfg.headroom_permille.min(1000)) / 1000,
+        };
+        let use_hints = self.cfg.hot_hint_heat > 0 && !input.hints.is_empty();
+        if !use_hints {
+            return select::plan_by_key(input, &rules, |_, r| r.heat());
+        }
+        let mut a = HintCursor::new(input, self.cfg.hot_hint_heat);
+        let h = select::histogram(input.records, rules.min_move_age, |i, r| a.key(i, r));
+        let q = select::quotas(&h, input.fast_budget, input.max_moves, &rules);
+        let mut b = HintCursor::new(input, self.cfg.hot_hint_heat);
+        let plan = select::collect(input.records, rules.min_move_age, |i, r| b.key(i, r), q);
+        select::fit(input, plan, h.fast_used)
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::type_complexity)] // test tables
+mod tests {
+    use super::*;
+    use vmtier_core::policy::{Granule, GuestHint, Tier};
+
+    #[test]
+    fn default_policy_table() {
+        use Tier::{Fast as F, Slow as S};
+        let s = HeatRecord::SETTLED;
+        // (records (heat, tier, age), budget, promote, demote)
+        let cases: Vec<(Vec<(u8, Tier, u8)>, u64, Vec<u32>, Vec<u32>)> = vec![
+            (
+                vec![(30, S, s), (1, S, s), (10, S, s)],
+                5,
+                vec![0, 2],
+                vec![],
+            ),
+            (vec![(30, S, s), (1, F, s)], 1, vec![0], vec![1]),
+            (vec![(30, S, s), (1, F, 1)], 1, vec![], vec![]),
+            (vec![(12, S, s), (10, F, s)], 1, vec![], vec![]),
+            (vec![(12, F, 0), (10, F, s)], 1, vec![], vec![1]),
+        ];
+        for (spec, budget, promote, demote) in cases {
+            let r: Vec<_> = spec
+                .iter()
+                .map(|&(h, t, a)| HeatRecord::new(h, t, a))
+                .collect();
+            let input = PolicyInput::from_records(0, 4096, &r, budget, 100);
+            let plan = DefaultPolicy::default().plan(&input);
+            let ids = |v: &[Granule]| v.iter().map(|g| g.0).collect::<Vec<_>>();
+            assert_eq!(
+                (ids(&plan.promote), ids(&plan.demote)),
+                (promote, demote),
+                "{spec:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn hints_raise_and_clear_heat() {
+        let r = vec![
+            HeatRecord::new(1, Tier::Slow, 3),
+            HeatRecord::new(20, Tier::Slow, 3),
+            HeatRecord::new(0, Tier::Fast, 3),
+        ];
+        let hints = [
+            GuestHint {
+                start: Granule(0),
+                len: 1,
+                kind: HintKind::Hot,
+            },
+            GuestHint {
+                start: Granule(1),
+                len: 1,
+                kind: HintKind::Cold,
+            },
+        ];
+        let mut input = PolicyInput::from_records(0, 4096, &r, 1, 10);
+        input.hints = &hints;
+        let mut p = DefaultPolicy::new(Config {
+            hot_hint_heat: 25,
+            ..Config::default()
+        });
+        let plan = p.plan(&input);
+        assert_eq!(plan.promote, vec![Granule(0)]);
+        assert_eq!(plan.demote, vec![Granule(2)]);
+    }
+}

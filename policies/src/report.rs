@@ -1,0 +1,419 @@
+//! The policy report: every trace × every policy (plus the oracle), a table on stdout,
+//! `policies.json`, and SVG plots (hit ratio over time per policy; placement heatmaps).
+
+use std::fmt::Write as _;
+use std::io::Write as _;
+use std::path::{Path, PathBuf};
+
+use serde::Serialize;
+
+use crate::sim::{self, Config, Planner, RunResult};
+use crate::trace::{self, Trace};
+
+/// Errors producing the report.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// A simulation failed.
+    #[error("Simulation of {0} failed")]
+    Sim(String, #[source] Box<sim::Error>),
+    /// Writing an output failed (nothing half-written is left).
+    #[error("Failed to write {0}")]
+    Write(PathBuf, #[source] std::io::Error),
+    /// Serializing the JSON failed.
+    #[error("Failed to encode the report")]
+    Json(#[source] serde_json::Error),
+}
+
+/// One policy on one trace.
+#[derive(Clone, Debug, Serialize)]
+pub struct Row {
+    /// Policy name.
+    pub policy: String,
+    /// Tracking source.
+    pub source: String,
+    /// DRAM hit ratio.
+    pub hit_ratio: f64,
+    /// Hit ratio over the oracle's.
+    pub oracle_ratio: f64,
+    /// Estimated run time over all-DRAM.
+    pub est_slowdown: f64,
+    /// Bytes migrated.
+    pub bytes_migrated: u64,
+    /// 4 KiB pages that ping-ponged.
+    pub pingpong_pages: u64,
+    /// Mean ticks to recover after a hot-set shift (none without markers).
+    pub reaction_ticks: Option<f64>,
+    /// Policy state per 4 KiB page.
+    pub metadata_bytes_per_page: f64,
+    /// Engine record bytes per 4 KiB page.
+    pub store_bytes_per_page: f64,
+    /// Mean planning time per tick.
+    pub plan_ms_per_interval: f64,
+    /// Engine-dropped plan entries.
+    pub plan_violations: u64,
+}
+
+/// How the default policy compares on one trace.
+#[derive(Clone, Debug, Serialize)]
+pub struct Targets {
+    /// Default's hit ratio over the oracle's (target ≥ 0.95).
+    pub default_oracle_ratio: f64,
+    /// Whether that meets 0.95.
+    pub meets_oracle_target: bool,
+    /// The baseline with the best hit ratio.
+    pub best_baseline: String,
+    /// Its hit ratio.
+    pub best_baseline_hit_ratio: f64,
+    /// Default's bytes migrated over the best baseline's (target ≤ 0.5 at equal hit ratio).
+    pub bytes_vs_best_baseline: Option<f64>,
+    /// Whether default's hit ratio is within 1 point of the best baseline's or above.
+    pub equal_or_better_hit_ratio: bool,
+    /// Both parts of the quality target met.
+    pub meets_bytes_target: bool,
+}
+
+/// All results for one trace.
+#[derive(Clone, Debug, Serialize)]
+pub struct TraceReport {
+    /// Trace name.
+    pub trace: String,
+    /// Accesses.
+    pub accesses: u64,
+    /// Address space in 4 KiB pages.
+    pub pages: u64,
+    /// DRAM budget in granules.
+    pub budget_granules: u64,
+    /// Move limit per tick.
+    pub max_moves: u64,
+    /// One row per policy, oracle first.
+    pub results: Vec<Row>,
+    /// Default-policy targets.
+    pub targets: Targets,
+}
+
+/// Runs every policy and the oracle on one trace.
+pub fn run_trace(
+    name: &str,
+    t: &Trace,
+    cfg: &Config,
+) -> Result<(TraceReport, Vec<RunResult>), Error> {
+    let sim_err = |p: &str| {
+        let label = format!("{p} on {name}");
+        move |e| Error::Sim(label, Box::new(e))
+    };
+    let oracle = sim::run(t, &mut Planner::Oracle, cfg).map_err(sim_err("oracle"))?;
+    let mut runs = vec![oracle.clone()];
+    for e in crate::registry::REGISTRY {
+        let mut p = Planner::by_name(e.name, cfg).map_err(sim_err(e.name))?;
+        runs.push(sim::run(t, &mut p, cfg).map_err(sim_err(e.name))?);
+    }
+    let rows: Vec<Row> = runs
+        .iter()
+        .map(|r| Row {
+            policy: r.policy.clone(),
+            source: r.source.clone(),
+            hit_ratio: r.hit_ratio,
+            oracle_ratio: r.hit_ratio / oracle.hit_ratio.max(1e-12),
+            est_slowdown: r.est_slowdown,
+            bytes_migrated: r.bytes_migrated,
+            pingpong_pages: r.pingpong_pages,
+            reaction_ticks: sim::reaction_ticks(&r.series, &oracle.series, &r.marker_ticks),
+            metadata_bytes_per_page: r.metadata_bytes_per_page,
+            store_bytes_per_page: r.store_bytes_per_page,
+            plan_ms_per_interval: r.plan_ms_per_interval,
+            plan_violations: r.plan_violations,
+        })
+        .collect();
+    let def = rows.iter().find(|r| r.policy == "default");
+    let best = rows
+        .iter()
+        .filter(|r| r.policy != "default" && r.policy != "oracle")
+        .max_by(|a, b| a.hit_ratio.total_cmp(&b.hit_ratio));
+    let targets = match (def, best) {
+        (Some(d), Some(b)) => {
+            let ratio =
+                (b.bytes_migrated > 0).then(|| d.bytes_migrated as f64 / b.bytes_migrated as f64);
+            let equal = d.hit_ratio + 0.01 >= b.hit_ratio;
+            Targets {
+                default_oracle_ratio: d.oracle_ratio,
+                meets_oracle_target: d.oracle_ratio >= 0.95,
+                best_baseline: b.policy.clone(),
+                best_baseline_hit_ratio: b.hit_ratio,
+                bytes_vs_best_baseline: ratio,
+                equal_or_better_hit_ratio: equal,
+                meets_bytes_target: equal && ratio.map_or(true, |x| x <= 0.5),
+            }
+        }
+        _ => unreachable!("the registry always has default and baselines"),
+    };
+    Ok((
+        TraceReport {
+            trace: name.to_owned(),
+            accesses: oracle.accesses,
+            pages: u64::from(t.pages),
+            budget_granules: oracle.budget_granules,
+            max_moves: oracle.max_moves,
+            results: rows,
+            targets,
+        },
+        runs,
+    ))
+}
+
+/// Formats the human table for one trace.
+pub fn table(r: &TraceReport) -> String {
+    let mut s = String::new();
+    let _ = writeln!(
+        s,
+        "trace {}: {} accesses, {} pages, budget {} granules, ≤{} moves/tick",
+        r.trace, r.accesses, r.pages, r.budget_granules, r.max_moves
+    );
+    let _ = writeln!(
+        s,
+        "  {:<12} {:<11} {:>6} {:>7} {:>8} {:>11} {:>9} {:>8} {:>8} {:>9}",
+        "policy",
+        "source",
+        "hit",
+        "/oracle",
+        "slowdown",
+        "migrated",
+        "pingpong",
+        "react",
+        "meta B/p",
+        "plan ms"
+    );
+    for x in &r.results {
+        let _ = writeln!(
+            s,
+            "  {:<12} {:<11} {:>6.3} {:>7.3} {:>8.3} {:>11} {:>9} {:>8} {:>8.3} {:>9.3}",
+            x.policy,
+            x.source,
+            x.hit_ratio,
+            x.oracle_ratio,
+            x.est_slowdown,
+            human_bytes(x.bytes_migrated),
+            x.pingpong_pages,
+            x.reaction_ticks.map_or("-".into(), |t| format!("{t:.1}")),
+            x.metadata_bytes_per_page,
+            x.plan_ms_per_interval
+        );
+    }
+    let t = &r.targets;
+    let _ = writeln!(
+        s,
+        "  default: {:.1}% of oracle ({}); bytes vs best baseline {} ({:.3}): {} ({})",
+        t.default_oracle_ratio * 100.0,
+        if t.meets_oracle_target {
+            "meets ≥95%"
+        } else {
+            "MISSES ≥95%"
+        },
+        t.best_baseline,
+        t.best_baseline_hit_ratio,
+        t.bytes_vs_best_baseline
+            .map_or("n/a (baseline moved nothing)".into(), |x| format!(
+                "{x:.2}×"
+            )),
+        if t.meets_bytes_target {
+            "meets ≤0.5× at equal hit ratio"
+        } else {
+            "MISSES"
+        },
+    );
+    s
+}
+
+/// Human-readable bytes.
+pub fn human_bytes(b: u64) -> String {
+    let units = ["B", "KiB", "MiB", "GiB", "TiB"];
+    let mut v = b as f64;
+    let mut u = 0;
+    while v >= 1024.0 && u + 1 < units.len() {
+        v /= 1024.0;
+        u += 1;
+    }
+    if u == 0 {
+        format!("{b} B")
+    } else {
+        format!("{v:.1} {}", units[u])
+    }
+}
+
+const COLORS: [&str; 9] = [
+    "#000000", "#d62728", "#1f77b4", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b", "#e377c2",
+    "#7f7f7f",
+];
+
+/// SVG: hit ratio per tick, one line per run; dashed verticals at hot-set shifts.
+pub fn hit_svg(trace: &str, runs: &[RunResult]) -> String {
+    let (w, h, l, b) = (900.0, 420.0, 50.0, 40.0);
+    let ticks = runs.first().map_or(1, |r| r.series.len().max(2));
+    let x = |t: usize| l + (w - l - 150.0) * t as f64 / (ticks - 1) as f64;
+    let y = |v: f32| (h - b) - (h - b - 20.0) * f64::from(v);
+    let mut s = String::new();
+    let _ = write!(
+        s,
+        "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{w}\" height=\"{h}\" font-family=\"sans-serif\" font-size=\"12\">\
+         <rect width=\"100%\" height=\"100%\" fill=\"white\"/>\
+         <text x=\"{l}\" y=\"14\">DRAM hit ratio per tick — {trace}</text>"
+    );
+    for v in [0.0f32, 0.25, 0.5, 0.75, 1.0] {
+        let _ = write!(
+            s,
+            "<line x1=\"{l}\" x2=\"{}\" y1=\"{y0}\" y2=\"{y0}\" stroke=\"#ddd\"/><text x=\"8\" y=\"{}\">{v:.2}</text>",
+            w - 150.0,
+            y(v) + 4.0,
+            y0 = y(v)
+        );
+    }
+    if let Some(r) = runs.first() {
+        for &m in &r.marker_ticks {
+            let xm = x(m as usize);
+            let _ = write!(
+                s,
+                "<line x1=\"{xm}\" x2=\"{xm}\" y1=\"20\" y2=\"{}\" stroke=\"#999\" stroke-dasharray=\"4 3\"/>",
+                h - b
+            );
+        }
+    }
+    let _ = write!(
+        s,
+        "<text x=\"{}\" y=\"{}\">tick</text>",
+        (w - 150.0) / 2.0,
+        h - 8.0
+    );
+    for (i, r) in runs.iter().enumerate() {
+        let c = COLORS[i % COLORS.len()];
+        let pts: Vec<String> = r
+            .series
+            .iter()
+            .enumerate()
+            .map(|(t, &v)| format!("{:.1},{:.1}", x(t), y(v)))
+            .collect();
+        let width = if r.policy == "default" { 2.5 } else { 1.2 };
+        let _ = write!(
+            s,
+            "<polyline fill=\"none\" stroke=\"{c}\" stroke-width=\"{width}\" points=\"{}\"/>\
+             <rect x=\"{}\" y=\"{}\" width=\"12\" height=\"3\" fill=\"{c}\"/><text x=\"{}\" y=\"{}\">{} ({:.3})</text>",
+            pts.join(" "),
+            w - 140.0,
+            30.0 + 16.0 * i as f64,
+            w - 122.0,
+            34.0 + 16.0 * i as f64,
+            r.policy,
+            r.hit_ratio
+        );
+    }
+    s.push_str("</svg>\n");
+    s
+}
+
+/// SVG: placement heatmaps (x tick, y address bucket) for the given runs side by side. Red
+/// means in DRAM, blue on the slow tier; brightness is the bucket's share of the accesses.
+pub fn heatmap_svg(trace: &str, runs: &[&RunResult]) -> String {
+    let (pw, ph) = (400.0, 300.0);
+    let w = 20.0 + (pw + 20.0) * runs.len() as f64;
+    let mut s = String::new();
+    let _ = write!(
+        s,
+        "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{w}\" height=\"{}\" font-family=\"sans-serif\" font-size=\"12\">\
+         <rect width=\"100%\" height=\"100%\" fill=\"white\"/>\
+         <text x=\"20\" y=\"14\">Placement over time — {trace} (x: tick, y: address; red: DRAM, blue: CXL; bright: accessed)</text>",
+        ph + 60.0
+    );
+    for (k, r) in runs.iter().enumerate() {
+        let ox = 20.0 + (pw + 20.0) * k as f64;
+        let cols = r.heatmap.len().max(1);
+        let rows = r.heatmap.first().map_or(1, |c| c.len().max(1));
+        let max_share = r
+            .heatmap
+            .iter()
+            .flatten()
+            .map(|c| c.1)
+            .fold(1e-9f32, f32::max);
+        let cw = pw / cols as f64;
+        let rh = ph / rows as f64;
+        let _ = write!(
+            s,
+            "<text x=\"{ox}\" y=\"{}\">{}</text>",
+            ph + 52.0,
+            r.policy
+        );
+        for (t, col) in r.heatmap.iter().enumerate() {
+            for (row, &(fast, share)) in col.iter().enumerate() {
+                let bright = 0.25 + 0.75 * (share / max_share).sqrt();
+                let red = (255.0 * fast * bright) as u8;
+                let blue = (255.0 * (1.0 - fast) * bright) as u8;
+                let _ = write!(
+                    s,
+                    "<rect x=\"{:.2}\" y=\"{:.2}\" width=\"{:.2}\" height=\"{:.2}\" fill=\"rgb({red},40,{blue})\"/>",
+                    ox + cw * t as f64,
+                    30.0 + rh * row as f64,
+                    cw + 0.05,
+                    rh + 0.05
+                );
+            }
+        }
+    }
+    s.push_str("</svg>\n");
+    s
+}
+
+/// Writes `bytes` to `path` atomically.
+pub fn write_file(path: &Path, bytes: &[u8]) -> Result<(), Error> {
+    trace::write_atomically(path, |w| w.write_all(bytes))
+        .map_err(|e| Error::Write(path.to_owned(), e))
+}
+
+/// File-name-safe version of a trace name.
+pub fn slug(name: &str) -> String {
+    name.chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || c == '-' {
+                c
+            } else {
+                '_'
+            }
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::gen::{generate, Kind, Spec};
+
+    #[test]
+    fn report_rows_targets_and_plots() -> Result<(), Error> {
+        let t = generate(&Spec {
+            kind: Kind::MovingHot,
+            pages: 1024,
+            accesses: 60_000,
+            ..Spec::default()
+        })
+        .expect("generate");
+        let cfg = Config {
+            tick_accesses: 5_000,
+            heatmap_rows: 4,
+            ..Config::default()
+        };
+        let (rep, runs) = run_trace("mh", &t, &cfg)?;
+        assert_eq!(rep.results.len(), crate::registry::REGISTRY.len() + 1);
+        assert_eq!(rep.results[0].policy, "oracle");
+        assert!((rep.results[0].oracle_ratio - 1.0).abs() < 1e-9);
+        assert!(rep.results.iter().all(|r| r.oracle_ratio <= 1.0 + 1e-9));
+        assert!(rep.results.iter().all(|r| r.reaction_ticks.is_some()));
+        let tab = table(&rep);
+        assert!(tab.contains("default") && tab.contains("of oracle"));
+        let svg = hit_svg("mh", &runs);
+        assert!(svg.starts_with("<svg") && svg.contains("polyline") && svg.ends_with("</svg>\n"));
+        let hm = heatmap_svg("mh", &[&runs[0], &runs[1]]);
+        assert!(hm.contains("rgb("));
+        let cases = [(0u64, "0 B"), (1536, "1.5 KiB"), (3 << 30, "3.0 GiB")];
+        for (b, want) in cases {
+            assert_eq!(human_bytes(b), want);
+        }
+        assert_eq!(slug("redis/get set"), "redis_get_set");
+        Ok(())
+    }
+}

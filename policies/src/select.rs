@@ -1,0 +1,321 @@
+//! Shared planning machinery: bucketed histograms, budget-respecting quotas and a single
+//! collection pass. Every heat-ranked policy (default, memtierd-like, Memtis-like) is a choice
+//! of *key* (a bucket 0..32 per granule) plus [`Rules`]; the work is two linear passes over the
+//! records and O(32) arithmetic in between, with no per-granule state.
+
+use vmtier_core::policy::{Granule, HeatRecord, Plan, PolicyInput};
+
+/// Number of key buckets.
+pub const BUCKETS: usize = 32;
+
+/// Granule counts per key bucket.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Histogram {
+    /// All fast granules.
+    pub fast_all: [u64; BUCKETS],
+    /// Fast granules that may move (settled).
+    pub fast_movable: [u64; BUCKETS],
+    /// Slow granules that may move (settled).
+    pub slow_movable: [u64; BUCKETS],
+    /// Granules in the fast tier.
+    pub fast_used: u64,
+}
+
+/// How quotas are derived from a histogram.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Rules {
+    /// Slow granules below this bucket are never promoted.
+    pub min_promote: u8,
+    /// A swap needs the promoted bucket ≥ the demoted bucket + `margin` (≥ 1).
+    pub margin: u8,
+    /// Only fast granules below this bucket are demoted by swaps (`BUCKETS` = any).
+    pub demote_below: u8,
+    /// Demote every settled fast granule below `demote_below`, even with room to spare.
+    pub demote_cold_always: bool,
+    /// Granules moved fewer than this many ticks ago stay put (unless over budget).
+    pub min_move_age: u8,
+    /// Free granules to keep by demoting settled fast granules below `min_promote` with the
+    /// moves left over (TPP-style decoupled watermark), so a hot-set shift costs one move per
+    /// granule instead of a swap.
+    pub headroom: u64,
+}
+
+/// How many granules to take from each bucket.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Quotas {
+    /// Demotions forced by an exceeded budget (any fast granule, coldest first).
+    pub forced: [u64; BUCKETS],
+    /// Demotions of settled fast granules.
+    pub demote: [u64; BUCKETS],
+    /// Promotions of settled slow granules.
+    pub promote: [u64; BUCKETS],
+}
+
+impl Quotas {
+    fn total(&self) -> u64 {
+        self.forced
+            .iter()
+            .chain(&self.demote)
+            .chain(&self.promote)
+            .sum()
+    }
+}
+
+fn bucket(k: u8) -> usize {
+    usize::from(k).min(BUCKETS - 1)
+}
+
+/// Counts granules per bucket of `key(index, record)`.
+pub fn histogram(
+    records: &[HeatRecord],
+    min_move_age: u8,
+    mut key: impl FnMut(usize, HeatRecord) -> u8,
+) -> Histogram {
+    let mut h = Histogram::default();
+    for (i, &r) in records.iter().enumerate() {
+        let b = bucket(key(i, r));
+        let movable = r.move_age() >= min_move_age;
+        if r.is_fast() {
+            h.fast_all[b] += 1;
+            h.fast_movable[b] += u64::from(movable);
+        } else {
+            h.slow_movable[b] += u64::from(movable);
+        }
+    }
+    h.fast_used = h.fast_all.iter().sum();
+    h
+}
+
+#[allow(clippy::needless_range_loop)] // parallel per-bucket arrays
+/// Derives quotas that keep the fast tier within `budget` and the plan within `max_moves`.
+pub fn quotas(h: &Histogram, budget: u64, max_moves: u64, rules: &Rules) -> Quotas {
+    let mut q = Quotas::default();
+    let mut moves = max_moves;
+    let mut fast = h.fast_used;
+    let mut excess = fast.saturating_sub(budget).min(moves);
+    let mut fast_rem = h.fast_movable;
+    for b in 0..BUCKETS {
+        let t = excess.min(h.fast_all[b]);
+        q.forced[b] = t;
+        excess -= t;
+        fast -= t;
+        moves -= t;
+        fast_rem[b] = fast_rem[b].saturating_sub(t);
+    }
+    let mut slow_rem = h.slow_movable;
+    let below = usize::from(rules.demote_below).min(BUCKETS);
+    if rules.demote_cold_always {
+        for b in 0..below {
+            let t = fast_rem[b].min(moves);
+            q.demote[b] += t;
+            fast_rem[b] -= t;
+            fast -= t;
+            moves -= t;
+        }
+    }
+    let min_promote = bucket(rules.min_promote);
+    let mut free = budget.saturating_sub(fast);
+    for b in (min_promote..BUCKETS).rev() {
+        let t = slow_rem[b].min(free).min(moves);
+        q.promote[b] += t;
+        slow_rem[b] -= t;
+        free -= t;
+        moves -= t;
+    }
+    let margin = usize::from(rules.margin.max(1));
+    let mut bs = BUCKETS - 1;
+    let mut bf = 0usize;
+    while moves >= 2 {
+        while bs > min_promote && slow_rem[bs] == 0 {
+            bs -= 1;
+        }
+        while bf < BUCKETS && fast_rem[bf] == 0 {
+            bf += 1;
+        }
+        if bf >= BUCKETS || bf >= below || slow_rem[bs] == 0 || bs < bf + margin {
+            break;
+        }
+        let k = slow_rem[bs].min(fast_rem[bf]).min(moves / 2);
+        q.promote[bs] += k;
+        q.demote[bf] += k;
+        slow_rem[bs] -= k;
+        fast_rem[bf] -= k;
+        moves -= 2 * k;
+    }
+    let promoted: u64 = q.promote.iter().sum();
+    let demoted: u64 = q.demote.iter().sum();
+    let after = fast.saturating_add(promoted).saturating_sub(demoted);
+    let mut need = rules.headroom.saturating_sub(budget.saturating_sub(after));
+    for b in 0..min_promote.min(below) {
+        let t = fast_rem[b].min(need).min(moves);
+        q.demote[b] += t;
+        fast_rem[b] -= t;
+        need -= t;
+        moves -= t;
+    }
+    q
+}
+
+/// One pass over the records that takes granules bucket by bucket, in address order within a
+/// bucket; promotions come out hottest bucket first, demotions coldest first.
+pub fn collect(
+    records: &[HeatRecord],
+    min_move_age: u8,
+    mut key: impl FnMut(usize, HeatRecord) -> u8,
+    mut q: Quotas,
+) -> Plan {
+    let mut left = q.total();
+    if left == 0 {
+        return Plan::default();
+    }
+    let mut promote: Vec<Vec<Granule>> = vec![Vec::new(); BUCKETS];
+    let mut demote: Vec<Vec<Granule>> = vec![Vec::new(); BUCKETS];
+    for (i, &r) in records.iter().enumerate() {
+        let b = bucket(key(i, r));
+        let movable = r.move_age() >= min_move_age;
+        let g = Granule(i as u32);
+        if r.is_fast() {
+            if q.forced[b] > 0 {
+                q.forced[b] -= 1;
+                demote[b].push(g);
+                left -= 1;
+            } else if movable && q.demote[b] > 0 {
+                q.demote[b] -= 1;
+                demote[b].push(g);
+                left -= 1;
+            }
+        } else if movable && q.promote[b] > 0 {
+            q.promote[b] -= 1;
+            promote[b].push(g);
+            left -= 1;
+        }
+        if left == 0 {
+            break;
+        }
+    }
+    Plan {
+        promote: promote.into_iter().rev().flatten().collect(),
+        demote: demote.into_iter().flatten().collect(),
+    }
+}
+
+/// Histogram, quotas and collection in one call.
+pub fn plan_by_key(
+    input: &PolicyInput<'_>,
+    rules: &Rules,
+    mut key: impl FnMut(usize, HeatRecord) -> u8,
+) -> Plan {
+    let h = histogram(input.records, rules.min_move_age, &mut key);
+    let q = quotas(&h, input.fast_budget, input.max_moves, rules);
+    let plan = collect(input.records, rules.min_move_age, key, q);
+    fit(input, plan, h.fast_used)
+}
+
+/// Trims a plan to what the engine would apply: demotions of fast granules first, then
+/// promotions of slow granules while the budget has room, `max_moves` in all. Entries on the
+/// wrong tier or out of range are dropped.
+pub fn fit(input: &PolicyInput<'_>, mut plan: Plan, fast_used: u64) -> Plan {
+    let on = |g: &Granule, fast: bool| {
+        input
+            .records
+            .get(g.index())
+            .is_some_and(|r| r.is_fast() == fast)
+    };
+    plan.demote.retain(|g| on(g, true));
+    plan.promote.retain(|g| on(g, false));
+    let max = usize::try_from(input.max_moves).unwrap_or(usize::MAX);
+    plan.demote.truncate(max);
+    let after = fast_used.saturating_sub(plan.demote.len() as u64);
+    let room = usize::try_from(input.fast_budget.saturating_sub(after)).unwrap_or(usize::MAX);
+    plan.promote
+        .truncate(room.min(max.saturating_sub(plan.demote.len())));
+    plan
+}
+
+/// The `k` coldest fast granules by heat (ties in address order), whatever their move age.
+pub fn coldest_fast(records: &[HeatRecord], k: u64) -> Vec<Granule> {
+    let h = histogram(records, 0, |_, r| r.heat());
+    let mut q = Quotas::default();
+    let mut left = k.min(h.fast_used);
+    for b in 0..BUCKETS {
+        let t = left.min(h.fast_all[b]);
+        q.forced[b] = t;
+        left -= t;
+    }
+    collect(records, 0, |_, r| r.heat(), q).demote
+}
+
+#[cfg(test)]
+#[allow(clippy::type_complexity)] // test tables
+mod tests {
+    use super::*;
+    use vmtier_core::policy::Tier;
+
+    fn recs(spec: &[(u8, Tier)]) -> Vec<HeatRecord> {
+        spec.iter()
+            .map(|&(h, t)| HeatRecord::new(h, t, HeatRecord::SETTLED))
+            .collect()
+    }
+
+    const RULES: Rules = Rules {
+        min_promote: 2,
+        margin: 2,
+        demote_below: BUCKETS as u8,
+        demote_cold_always: false,
+        min_move_age: 3,
+        headroom: 0,
+    };
+
+    #[test]
+    fn quotas_table() {
+        use Tier::{Fast as F, Slow as S};
+        // (records, budget, max_moves, promote, demote)
+        let cases: Vec<(Vec<(u8, Tier)>, u64, u64, Vec<u32>, Vec<u32>)> = vec![
+            // Room: promote hottest first, skip too cold.
+            (vec![(5, S), (9, S), (1, S)], 2, 10, vec![1, 0], vec![]),
+            // Full: swap only with enough margin.
+            (vec![(9, S), (8, F), (3, F)], 2, 10, vec![0], vec![2]),
+            (vec![(4, S), (3, F)], 1, 10, vec![], vec![]),
+            // Over budget: coldest demoted, whatever else.
+            (vec![(9, F), (1, F), (5, F)], 1, 10, vec![], vec![1, 2]),
+            // Move limit: one swap needs two moves.
+            (vec![(9, S), (0, F)], 1, 1, vec![], vec![]),
+            (vec![(9, S), (8, S), (0, F), (1, F)], 2, 2, vec![0], vec![2]),
+        ];
+        for (spec, budget, max_moves, promote, demote) in cases {
+            let r = recs(&spec);
+            let input = PolicyInput::from_records(0, 4096, &r, budget, max_moves);
+            let plan = plan_by_key(&input, &RULES, |_, r| r.heat());
+            let ids = |v: &[Granule]| v.iter().map(|g| g.0).collect::<Vec<_>>();
+            assert_eq!(ids(&plan.promote), promote, "{spec:?}");
+            assert_eq!(ids(&plan.demote), demote, "{spec:?}");
+        }
+    }
+
+    #[test]
+    fn recently_moved_granules_stay_unless_forced() {
+        let r = vec![
+            HeatRecord::new(20, Tier::Slow, 1),
+            HeatRecord::new(0, Tier::Fast, 0),
+        ];
+        let input = PolicyInput::from_records(0, 4096, &r, 1, 10);
+        assert!(plan_by_key(&input, &RULES, |_, r| r.heat()).is_empty());
+        let over = PolicyInput::from_records(0, 4096, &r, 0, 10);
+        assert_eq!(
+            plan_by_key(&over, &RULES, |_, r| r.heat()).demote,
+            vec![Granule(1)]
+        );
+    }
+
+    #[test]
+    fn coldest_fast_orders_by_heat() {
+        let r = recs(&[
+            (5, Tier::Fast),
+            (1, Tier::Fast),
+            (0, Tier::Slow),
+            (3, Tier::Fast),
+        ]);
+        assert_eq!(coldest_fast(&r, 2), vec![Granule(1), Granule(3)]);
+        assert_eq!(coldest_fast(&r, 9).len(), 3);
+    }
+}

@@ -1,0 +1,821 @@
+//! The trace-driven simulator behind `vmtier-sim`.
+//!
+//! A trace is cut into ticks of `tick_accesses` accesses, each tick into
+//! `abit_scans_per_tick` sub-intervals. While replaying, the simulator records what each
+//! tracking source would have seen:
+//!
+//! - A-bit scans: per granule, one bit per sub-interval in which it was touched (EPT/NPT
+//!   accessed bits cleared at every scan); the observation is the number of scans that found
+//!   it accessed.
+//! - DAMON-style adaptive regions: at every sub-interval each region checks one random
+//!   granule's bit; at the end of the tick regions age, merge when their access counts are
+//!   within 10 % of the samples, and split in two while fewer than half of `damon_max_regions`
+//!   (Linux `mm/damon/core.c` behaviour as documented).
+//! - IBS/PEBS-like sampling: one access in `sample_period` (jittered) is sampled.
+//! - NUMA hint faults: a scanner walks the populated slow-tier granules at
+//!   `hint_scan_mb_per_tick` and unmaps them; the next access faults, with its latency.
+//!
+//! The engine's one-byte [`HeatRecord`] per granule is updated from the policy's source
+//! (`heat = heat / 2 + gain × observed / max`), move ages advance, the policy plans, and the
+//! plan is applied as the daemon's engine would: demotions first, then promotions while the
+//! budget has room, at most `max_moves` granules per tick. Costs: every access costs
+//! `compute_ns_per_access` plus `dram_ns` or `cxl_ns`; migration copies at the `move_pages`
+//! bandwidth for the granule size; the estimated slowdown is against the same trace all in
+//! DRAM.
+
+use std::time::Instant;
+
+use serde::{Deserialize, Serialize};
+use vmtier_core::policy::{
+    Granule, HeatRecord, HintFault, PlacementPolicy, Plan, PolicyInput, Region, Tier,
+    TrackingSource,
+};
+
+use crate::rng::Rng;
+use crate::trace::Trace;
+
+/// Errors configuring or running a simulation.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// A config value is out of range.
+    #[error("Invalid simulator config: {0}")]
+    Config(&'static str),
+    /// The policy could not be built.
+    #[error("Failed to build policy")]
+    Policy(#[from] crate::registry::Error),
+    /// The trace has no accesses.
+    #[error("Trace has no accesses")]
+    EmptyTrace,
+}
+
+/// Where pages are placed before any migration.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Initial {
+    /// On first access: DRAM while the budget has room, then the slow tier.
+    FirstTouch,
+    /// Everything starts on the slow tier (a guest whose RAM was put on CXL).
+    Slow,
+}
+
+/// A tracking source, as named in configs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum SourceName {
+    /// [`TrackingSource::AbitScan`].
+    Abit,
+    /// [`TrackingSource::DamonRegions`].
+    Damon,
+    /// [`TrackingSource::Sampling`].
+    Sampling,
+    /// [`TrackingSource::HintFaults`].
+    HintFaults,
+}
+
+impl SourceName {
+    fn to_source(self) -> TrackingSource {
+        match self {
+            SourceName::Abit => TrackingSource::AbitScan,
+            SourceName::Damon => TrackingSource::DamonRegions,
+            SourceName::Sampling => TrackingSource::Sampling,
+            SourceName::HintFaults => TrackingSource::HintFaults,
+        }
+    }
+}
+
+/// Name of a tracking source for reports.
+pub fn source_name(s: TrackingSource) -> &'static str {
+    match s {
+        TrackingSource::AbitScan => "abit",
+        TrackingSource::DamonRegions => "damon",
+        TrackingSource::Sampling => "sampling",
+        TrackingSource::HintFaults => "hint-faults",
+        TrackingSource::None => "none",
+    }
+}
+
+/// Simulator parameters (`docs/policies.md` lists each with its source).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct Config {
+    /// Accesses per tick (policy interval).
+    pub tick_accesses: u64,
+    /// Granule size as log2 of pages (0 = 4 KiB pages, 9 = 2 MiB huge pages).
+    pub granule_pages_log2: u8,
+    /// DRAM budget, permille of the trace's footprint (granules touched).
+    pub fast_permille: u32,
+    /// Migration limit per tick, permille of the budget (at least one granule).
+    pub move_permille: u32,
+    /// Initial placement.
+    pub initial: Initial,
+    /// DRAM load latency in ns (anchors: local DRAM ~80-100 ns).
+    pub dram_ns: f64,
+    /// CXL load latency in ns (anchors: DRAM + 70-90 ns, Pond).
+    pub cxl_ns: f64,
+    /// Work per access besides the load, in ns.
+    pub compute_ns_per_access: f64,
+    /// Migration bandwidth for 4 KiB pages, GB/s (upstream move_pages, anchors: 3.31).
+    pub migrate_gb_s_4k: f64,
+    /// Migration bandwidth for 2 MiB pages, GB/s (upstream move_pages, anchors: 11.02).
+    pub migrate_gb_s_2m: f64,
+    /// A-bit scans (and DAMON samples) per tick, 1..=16.
+    pub abit_scans_per_tick: u8,
+    /// DAMON minimum number of regions.
+    pub damon_min_regions: u32,
+    /// DAMON maximum number of regions.
+    pub damon_max_regions: u32,
+    /// One access in this many is sampled (IBS/PEBS-like).
+    pub sample_period: u32,
+    /// NUMA-balancing scan size per tick in MiB (kernel default 256 MB per scan period).
+    pub hint_scan_mb_per_tick: u64,
+    /// A move within this many ticks of the granule's previous move is a ping-pong.
+    pub pingpong_window: u64,
+    /// Windows the oracle looks ahead (the next one decides, later ones break ties).
+    pub oracle_lookahead: u32,
+    /// Heat added per tick to a granule seen at every scan (heat saturates at 31).
+    pub heat_gain: u8,
+    /// Overrides the tracking source of the policy (for policies that read only records).
+    pub source: Option<SourceName>,
+    /// Address buckets of the placement heatmap (0 = none).
+    pub heatmap_rows: u32,
+    /// Seed for sampling and DAMON.
+    pub seed: u64,
+    /// Per-policy config tables, by policy name.
+    pub policy: toml::Table,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Self {
+            tick_accesses: 50_000,
+            granule_pages_log2: 0,
+            fast_permille: 250,
+            move_permille: 100,
+            initial: Initial::FirstTouch,
+            dram_ns: 90.0,
+            cxl_ns: 170.0,
+            compute_ns_per_access: 0.0,
+            migrate_gb_s_4k: 3.31,
+            migrate_gb_s_2m: 11.02,
+            abit_scans_per_tick: 8,
+            damon_min_regions: 10,
+            damon_max_regions: 1000,
+            sample_period: 64,
+            hint_scan_mb_per_tick: 256,
+            pingpong_window: 4,
+            oracle_lookahead: 2,
+            heat_gain: 16,
+            source: None,
+            heatmap_rows: 48,
+            seed: 1,
+            policy: toml::Table::new(),
+        }
+    }
+}
+
+impl Config {
+    fn check(&self) -> Result<(), Error> {
+        if self.tick_accesses == 0 {
+            return Err(Error::Config("tick_accesses must be positive"));
+        }
+        if self.granule_pages_log2 > 9 {
+            return Err(Error::Config("granule_pages_log2 must be 0..=9"));
+        }
+        if !(1..=16).contains(&self.abit_scans_per_tick) {
+            return Err(Error::Config("abit_scans_per_tick must be 1..=16"));
+        }
+        if self.fast_permille > 1000 || self.sample_period == 0 {
+            return Err(Error::Config(
+                "fast_permille must be ≤ 1000, sample_period > 0",
+            ));
+        }
+        if self.damon_min_regions == 0 || self.damon_max_regions < self.damon_min_regions {
+            return Err(Error::Config(
+                "need 0 < damon_min_regions ≤ damon_max_regions",
+            ));
+        }
+        if !(self.dram_ns > 0.0 && self.cxl_ns > 0.0 && self.migrate_gb_s_4k > 0.0) {
+            return Err(Error::Config("latencies and bandwidths must be positive"));
+        }
+        Ok(())
+    }
+}
+
+/// What drives placement in a run.
+pub enum Planner {
+    /// An online policy.
+    Policy(Box<dyn PlacementPolicy>),
+    /// The offline oracle.
+    Oracle,
+}
+
+impl std::fmt::Debug for Planner {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl Planner {
+    /// Builds `oracle` or a registry policy with its table from `cfg.policy`.
+    pub fn by_name(name: &str, cfg: &Config) -> Result<Self, Error> {
+        if name == "oracle" {
+            return Ok(Planner::Oracle);
+        }
+        let table = cfg.policy.get(name).and_then(|v| v.as_table());
+        Ok(Planner::Policy(crate::registry::build(name, table)?))
+    }
+
+    /// Policy name.
+    pub fn name(&self) -> &'static str {
+        match self {
+            Planner::Policy(p) => p.name(),
+            Planner::Oracle => "oracle",
+        }
+    }
+}
+
+/// Measurements of one run.
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+pub struct RunResult {
+    /// Policy name.
+    pub policy: String,
+    /// Tracking source used.
+    pub source: String,
+    /// Accesses replayed.
+    pub accesses: u64,
+    /// Accesses served by DRAM.
+    pub hits: u64,
+    /// `hits / accesses`.
+    pub hit_ratio: f64,
+    /// Ticks run.
+    pub ticks: u64,
+    /// Granules in the address space.
+    pub granules: u64,
+    /// Bytes per granule.
+    pub granule_bytes: u64,
+    /// DRAM budget in granules.
+    pub budget_granules: u64,
+    /// Move limit per tick in granules.
+    pub max_moves: u64,
+    /// Granules migrated (both directions).
+    pub moves: u64,
+    /// Bytes migrated.
+    pub bytes_migrated: u64,
+    /// 4 KiB pages that moved again within `pingpong_window` ticks of their previous move.
+    pub pingpong_pages: u64,
+    /// Estimated run time over the all-DRAM run time (≥ 1).
+    pub est_slowdown: f64,
+    /// Policy state bytes per 4 KiB page (its own, beyond the engine's records).
+    pub metadata_bytes_per_page: f64,
+    /// Engine hotness-store bytes per 4 KiB page (one record per granule).
+    pub store_bytes_per_page: f64,
+    /// Mean planning time per tick, ms.
+    pub plan_ms_per_interval: f64,
+    /// Largest planning time of a tick, ms.
+    pub plan_ms_max: f64,
+    /// Replay speed, accesses per second of wall time (planning included).
+    pub replay_accesses_per_s: f64,
+    /// Plan entries the engine dropped (over budget, over the move limit, wrong tier,
+    /// duplicates); 0 for a well-behaved policy.
+    pub plan_violations: u64,
+    /// Hit ratio per tick.
+    pub series: Vec<f32>,
+    /// Ticks where the trace marks a shift of its hot set.
+    pub marker_ticks: Vec<u64>,
+    /// Placement heatmap: per tick, per address bucket, (DRAM fraction, accesses share).
+    pub heatmap: Vec<Vec<(f32, f32)>>,
+}
+
+struct Damon {
+    regions: Vec<DRegion>,
+    min: usize,
+    max: usize,
+    granules: u32,
+}
+
+#[derive(Clone, Copy)]
+struct DRegion {
+    start: u32,
+    len: u32,
+    nr: u16,
+    last_nr: u16,
+    age: u16,
+}
+
+impl Damon {
+    fn new(granules: u32, min: u32, max: u32) -> Self {
+        let n = min.min(granules).max(1);
+        let regions = (0..n)
+            .map(|i| {
+                let s = (u64::from(granules) * u64::from(i) / u64::from(n)) as u32;
+                let e = (u64::from(granules) * u64::from(i + 1) / u64::from(n)) as u32;
+                DRegion {
+                    start: s,
+                    len: e - s,
+                    nr: 0,
+                    last_nr: 0,
+                    age: 0,
+                }
+            })
+            .collect();
+        Self {
+            regions,
+            min: min as usize,
+            max: max as usize,
+            granules,
+        }
+    }
+
+    fn sample(&mut self, mask: &[u16], bit: u16, rng: &mut Rng) {
+        for r in &mut self.regions {
+            let g = r.start + rng.below(u64::from(r.len)) as u32;
+            if mask[g as usize] & bit != 0 {
+                r.nr = r.nr.saturating_add(1);
+            }
+        }
+    }
+
+    fn aggregate(&mut self, samples: u16, rng: &mut Rng, out: &mut Vec<Region>) {
+        let thr = (samples / 10).max(1);
+        out.clear();
+        for r in &mut self.regions {
+            if r.nr.abs_diff(r.last_nr) <= thr {
+                r.age = r.age.saturating_add(1);
+            } else {
+                r.age = 0;
+            }
+            out.push(Region {
+                start: Granule(r.start),
+                len: r.len,
+                nr_accesses: r.nr,
+                age: r.age,
+            });
+        }
+        let max_len = (self.granules / self.min.max(1) as u32).max(1);
+        let mut merged: Vec<DRegion> = Vec::with_capacity(self.regions.len());
+        for r in self.regions.drain(..) {
+            if let Some(m) = merged.last_mut() {
+                if m.nr.abs_diff(r.nr) <= thr && m.len + r.len <= max_len {
+                    let (a, b) = (u64::from(m.len), u64::from(r.len));
+                    let w =
+                        |x: u16, y: u16| ((u64::from(x) * a + u64::from(y) * b) / (a + b)) as u16;
+                    m.nr = w(m.nr, r.nr);
+                    m.age = w(m.age, r.age);
+                    m.len += r.len;
+                    continue;
+                }
+            }
+            merged.push(r);
+        }
+        if merged.len() < self.max / 2 {
+            let mut split = Vec::with_capacity(merged.len() * 2);
+            for r in merged {
+                if r.len >= 2 {
+                    let cut = 1 + rng.below(u64::from(r.len - 1)) as u32;
+                    split.push(DRegion { len: cut, ..r });
+                    split.push(DRegion {
+                        start: r.start + cut,
+                        len: r.len - cut,
+                        ..r
+                    });
+                } else {
+                    split.push(r);
+                }
+            }
+            merged = split;
+        }
+        for r in &mut merged {
+            r.last_nr = r.nr;
+            r.nr = 0;
+        }
+        self.regions = merged;
+    }
+}
+
+/// Runs `planner` over `trace` with `cfg`.
+pub fn run(trace: &Trace, planner: &mut Planner, cfg: &Config) -> Result<RunResult, Error> {
+    run_logged(trace, planner, cfg, &mut |_, _| {})
+}
+
+/// Like [`run`], calling `on_plan(tick, plan)` with every plan the planner returns (before
+/// the engine trims it).
+pub fn run_logged(
+    trace: &Trace,
+    planner: &mut Planner,
+    cfg: &Config,
+    on_plan: &mut dyn FnMut(u64, &Plan),
+) -> Result<RunResult, Error> {
+    cfg.check()?;
+    if trace.accesses.is_empty() {
+        return Err(Error::EmptyTrace);
+    }
+    let started = Instant::now();
+    let gshift = u32::from(cfg.granule_pages_log2);
+    let page_bytes = 1u64 << trace.page_shift;
+    let granule_pages = 1u64 << gshift;
+    let granule_bytes = page_bytes << gshift;
+    let n = (u64::from(trace.pages).div_ceil(granule_pages)) as usize;
+    let mut touched = vec![false; n];
+    for &p in &trace.accesses {
+        touched[(p >> gshift) as usize] = true;
+    }
+    let footprint = touched.iter().filter(|&&t| t).count() as u64;
+    drop(touched);
+    let budget = (footprint * u64::from(cfg.fast_permille) / 1000).max(1);
+    let max_moves = (budget * u64::from(cfg.move_permille) / 1000).max(1);
+    let source = match (&*planner, cfg.source) {
+        (Planner::Oracle, _) => TrackingSource::None,
+        (Planner::Policy(p), Some(s)) if p.source() == TrackingSource::AbitScan => s.to_source(),
+        (Planner::Policy(p), _) => p.source(),
+    };
+    let scans = u16::from(cfg.abit_scans_per_tick);
+    let mut rng = Rng::new(cfg.seed);
+
+    let mut records = vec![HeatRecord::default(); n];
+    let mut allocated = vec![cfg.initial == Initial::Slow; n];
+    let mut fast_used: u64 = 0;
+    let mut mask = vec![0u16; n];
+    let mut counts = vec![0u32; n];
+    let sampling = source == TrackingSource::Sampling;
+    let hinting = source == TrackingSource::HintFaults;
+    let mut samples = vec![0u16; if sampling { n } else { 0 }];
+    let mut unmapped_at = vec![u64::MAX; if hinting { n } else { 0 }];
+    let mut faults: Vec<HintFault> = Vec::new();
+    let mut scan_cursor = 0usize;
+    let scan_per_tick = (cfg.hint_scan_mb_per_tick << 20) / granule_bytes;
+    let mut damon = (source == TrackingSource::DamonRegions)
+        .then(|| Damon::new(n as u32, cfg.damon_min_regions, cfg.damon_max_regions));
+    let mut regions: Vec<Region> = Vec::new();
+    let mut observed: Vec<u16> = Vec::new();
+    let mut future: Vec<u64> = Vec::new();
+    let mut last_move = vec![0u64; n];
+    let mut stamp = vec![0u64; n];
+    let mut next_sample = u64::from(cfg.sample_period);
+
+    let mut res = RunResult {
+        policy: planner.name().to_owned(),
+        source: source_name(source).to_owned(),
+        granules: n as u64,
+        granule_bytes,
+        budget_granules: budget,
+        max_moves,
+        store_bytes_per_page: 1.0 / granule_pages as f64,
+        ..RunResult::default()
+    };
+    let total = trace.accesses.len() as u64;
+    let ticks = total.div_ceil(cfg.tick_accesses);
+    res.marker_ticks = trace
+        .markers
+        .iter()
+        .map(|m| m.at / cfg.tick_accesses)
+        .collect();
+    let mut plan_ns_total: u128 = 0;
+    let mut plan_ns_max: u128 = 0;
+    let rows = cfg.heatmap_rows as usize;
+    let mut now: u64 = 0;
+
+    for tick in 0..ticks {
+        let lo = tick * cfg.tick_accesses;
+        let hi = (lo + cfg.tick_accesses).min(total);
+        let window = &trace.accesses[lo as usize..hi as usize];
+        let mut hits = 0u64;
+        for k in 0..scans {
+            let a = window.len() * usize::from(k) / usize::from(scans);
+            let b = window.len() * usize::from(k + 1) / usize::from(scans);
+            let bit = 1u16 << k;
+            for &page in &window[a..b] {
+                let g = (page >> gshift) as usize;
+                if !allocated[g] {
+                    allocated[g] = true;
+                    if fast_used < budget {
+                        records[g] = records[g].placed_on(Tier::Fast);
+                        fast_used += 1;
+                    }
+                }
+                hits += u64::from(records[g].is_fast());
+                counts[g] += 1;
+                mask[g] |= bit;
+                if sampling {
+                    next_sample -= 1;
+                    if next_sample == 0 {
+                        samples[g] = samples[g].saturating_add(1);
+                        let p = u64::from(cfg.sample_period);
+                        next_sample = (p / 2 + rng.below(p + 1)).max(1);
+                    }
+                }
+                if hinting && unmapped_at[g] != u64::MAX {
+                    let lat = (now - unmapped_at[g]) * 1000 / cfg.tick_accesses;
+                    faults.push(HintFault {
+                        granule: Granule(g as u32),
+                        latency_millitick: u32::try_from(lat).unwrap_or(u32::MAX),
+                    });
+                    unmapped_at[g] = u64::MAX;
+                }
+                now += 1;
+            }
+            if let Some(d) = damon.as_mut() {
+                d.sample(&mask, bit, &mut rng);
+            }
+            if hinting && n > 0 {
+                let mut budget_scan = scan_per_tick / u64::from(scans);
+                let mut visited = 0usize;
+                while budget_scan > 0 && visited < n {
+                    let g = scan_cursor;
+                    scan_cursor = (scan_cursor + 1) % n;
+                    visited += 1;
+                    if allocated[g] && !records[g].is_fast() {
+                        unmapped_at[g] = now;
+                        budget_scan -= 1;
+                    }
+                }
+            }
+        }
+        let acc = window.len() as u64;
+        res.accesses += acc;
+        res.hits += hits;
+        res.series.push(if acc == 0 {
+            0.0
+        } else {
+            hits as f32 / acc as f32
+        });
+
+        // Heat update from the source's observations.
+        let gain = u32::from(cfg.heat_gain);
+        if let Some(d) = damon.as_mut() {
+            d.aggregate(scans, &mut rng, &mut regions);
+            for r in &regions {
+                let c = (u32::from(r.nr_accesses) * gain / u32::from(scans)) as u8;
+                let (a, b) = (r.start.index(), r.start.index() + r.len as usize);
+                for rec in &mut records[a..b] {
+                    *rec = rec.with_heat(rec.heat() / 2 + c);
+                }
+            }
+        } else if source != TrackingSource::None {
+            for g in 0..n {
+                let c = if sampling {
+                    (u32::from(samples[g]) * 4).min(gain)
+                } else {
+                    mask[g].count_ones() * gain / u32::from(scans)
+                };
+                let h = records[g].heat();
+                records[g] = records[g].with_heat(h / 2 + c as u8);
+            }
+        }
+        let obs: &[u16] = match source {
+            TrackingSource::AbitScan => {
+                observed.clear();
+                observed.extend(mask.iter().map(|m| m.count_ones() as u16));
+                &observed
+            }
+            TrackingSource::Sampling => &samples,
+            _ => &[],
+        };
+
+        // Plan.
+        let t0 = Instant::now();
+        let plan = match planner {
+            Planner::Policy(p) => {
+                let input = PolicyInput {
+                    tick,
+                    granule_bytes,
+                    records: &records,
+                    fast_budget: budget,
+                    max_moves,
+                    observed: obs,
+                    max_observed: scans,
+                    hint_faults: &faults,
+                    regions: &regions,
+                    hints: &[],
+                };
+                p.plan(&input)
+            }
+            Planner::Oracle => {
+                future.clear();
+                future.resize(n, 0);
+                for w in 1..=u64::from(cfg.oracle_lookahead.max(1)) {
+                    let flo = ((tick + w) * cfg.tick_accesses).min(total) as usize;
+                    let fhi = ((tick + w + 1) * cfg.tick_accesses).min(total) as usize;
+                    let inc = if w == 1 { 1u64 << 32 } else { 1 };
+                    for &p in &trace.accesses[flo..fhi] {
+                        future[(p >> gshift) as usize] += inc;
+                    }
+                }
+                crate::oracle::plan(&records, &future, budget, max_moves)
+            }
+        };
+        let dt = t0.elapsed().as_nanos();
+        on_plan(tick, &plan);
+        plan_ns_total += dt;
+        plan_ns_max = plan_ns_max.max(dt);
+
+        // Apply as the engine would.
+        let mut moved = 0u64;
+        let stamp_now = tick + 1;
+        let Plan { promote, demote } = plan;
+        let mut apply = |g: Granule, to: Tier, fast_used: &mut u64, res: &mut RunResult| {
+            let i = g.index();
+            let ok = i < n
+                && stamp[i] != stamp_now
+                && records[i].tier() != to
+                && moved < max_moves
+                && (to == Tier::Slow || *fast_used < budget);
+            if !ok {
+                res.plan_violations += 1;
+                return;
+            }
+            stamp[i] = stamp_now;
+            if last_move[i] != 0 && stamp_now - last_move[i] <= cfg.pingpong_window {
+                res.pingpong_pages += granule_pages;
+            }
+            last_move[i] = stamp_now;
+            allocated[i] = true;
+            records[i] = records[i].moved_to(to);
+            if to == Tier::Fast {
+                *fast_used += 1;
+            } else {
+                *fast_used -= 1;
+            }
+            moved += 1;
+        };
+        for g in demote {
+            apply(g, Tier::Slow, &mut fast_used, &mut res);
+        }
+        for g in promote {
+            apply(g, Tier::Fast, &mut fast_used, &mut res);
+        }
+        res.moves += moved;
+
+        if rows > 0 {
+            let mut col = vec![(0u64, 0u64, 0u64); rows];
+            for g in 0..n {
+                let row = g * rows / n.max(1);
+                col[row].0 += u64::from(records[g].is_fast());
+                col[row].1 += 1;
+                col[row].2 += u64::from(counts[g]);
+            }
+            res.heatmap.push(
+                col.iter()
+                    .map(|&(f, c, a)| {
+                        (
+                            if c == 0 { 0.0 } else { f as f32 / c as f32 },
+                            if acc == 0 { 0.0 } else { a as f32 / acc as f32 },
+                        )
+                    })
+                    .collect(),
+            );
+        }
+        for r in &mut records {
+            *r = r.aged();
+        }
+        mask.fill(0);
+        counts.fill(0);
+        samples.fill(0);
+        faults.clear();
+    }
+
+    res.ticks = ticks;
+    res.hit_ratio = res.hits as f64 / res.accesses.max(1) as f64;
+    res.bytes_migrated = res.moves * granule_bytes;
+    let pages = (n as u64 * granule_pages).max(1) as f64;
+    res.metadata_bytes_per_page = match planner {
+        Planner::Policy(p) => p.state_bytes() as f64 / pages,
+        Planner::Oracle => 8.0 * n as f64 / pages,
+    };
+    res.plan_ms_per_interval = plan_ns_total as f64 / 1e6 / ticks.max(1) as f64;
+    res.plan_ms_max = plan_ns_max as f64 / 1e6;
+    let misses = res.accesses - res.hits;
+    let bw = if cfg.granule_pages_log2 >= 9 {
+        cfg.migrate_gb_s_2m
+    } else {
+        cfg.migrate_gb_s_4k
+    };
+    let migrate_ns = res.bytes_migrated as f64 / bw;
+    let base = res.accesses as f64 * (cfg.compute_ns_per_access + cfg.dram_ns);
+    let cost = res.accesses as f64 * cfg.compute_ns_per_access
+        + res.hits as f64 * cfg.dram_ns
+        + misses as f64 * cfg.cxl_ns
+        + migrate_ns;
+    res.est_slowdown = cost / base.max(1.0);
+    res.replay_accesses_per_s = res.accesses as f64 / started.elapsed().as_secs_f64().max(1e-9);
+    Ok(res)
+}
+
+/// Mean ticks from each hot-set shift until the policy's per-tick hit ratio reaches 90 % of
+/// the oracle's; `None` without markers.
+pub fn reaction_ticks(policy: &[f32], oracle: &[f32], markers: &[u64]) -> Option<f64> {
+    if markers.is_empty() {
+        return None;
+    }
+    let mut sum = 0u64;
+    for &m in markers {
+        let m = m as usize;
+        let t = (m..policy.len())
+            .find(|&t| policy[t] >= 0.9 * oracle.get(t).copied().unwrap_or(0.0))
+            .unwrap_or(policy.len());
+        sum += (t - m.min(t)) as u64;
+    }
+    Some(sum as f64 / markers.len() as f64)
+}
+
+#[cfg(test)]
+#[allow(clippy::type_complexity)] // test tables
+mod tests {
+    use super::*;
+    use crate::gen::{self, Kind, Spec};
+
+    fn small(kind: Kind) -> Trace {
+        gen::generate(&Spec {
+            kind,
+            pages: 2048,
+            accesses: 120_000,
+            ..Spec::default()
+        })
+        .expect("generate")
+    }
+
+    fn cfg() -> Config {
+        Config {
+            tick_accesses: 10_000,
+            heatmap_rows: 8,
+            ..Config::default()
+        }
+    }
+
+    #[test]
+    fn every_policy_respects_budget_and_oracle_wins() -> Result<(), Error> {
+        for kind in [Kind::Zipf, Kind::MovingHot] {
+            let t = small(kind);
+            let oracle = run(&t, &mut Planner::Oracle, &cfg())?;
+            for name in crate::registry::REGISTRY.iter().map(|e| e.name) {
+                let r = run(&t, &mut Planner::by_name(name, &cfg())?, &cfg())?;
+                assert_eq!(r.plan_violations, 0, "{name} on {kind:?}");
+                assert!(
+                    r.hit_ratio <= oracle.hit_ratio + 1e-9,
+                    "{name} beats oracle on {kind:?}"
+                );
+                assert!(r.est_slowdown >= 1.0 - 1e-9);
+                assert_eq!(r.series.len() as u64, r.ticks);
+                assert_eq!(r.heatmap.len() as u64, r.ticks);
+            }
+        }
+        Ok(())
+    }
+
+    #[test]
+    fn sources_and_configs() -> Result<(), Error> {
+        let t = small(Kind::Zipf);
+        for source in [SourceName::Abit, SourceName::Damon, SourceName::Sampling] {
+            let c = Config {
+                source: Some(source),
+                ..cfg()
+            };
+            let r = run(&t, &mut Planner::by_name("default", &c)?, &c)?;
+            assert_eq!(r.source, source_name(source.to_source()));
+            assert!(r.hit_ratio > 0.3, "{source:?}: {}", r.hit_ratio);
+        }
+        let bad = [
+            Config {
+                tick_accesses: 0,
+                ..cfg()
+            },
+            Config {
+                abit_scans_per_tick: 17,
+                ..cfg()
+            },
+            Config {
+                granule_pages_log2: 10,
+                ..cfg()
+            },
+            Config {
+                damon_min_regions: 0,
+                ..cfg()
+            },
+        ];
+        for c in bad {
+            assert!(matches!(
+                run(&t, &mut Planner::Oracle, &c),
+                Err(Error::Config(_))
+            ));
+        }
+        let parsed: Result<Config, _> = toml::from_str("tick_accesses = 5\nbogus = 1\n");
+        assert!(parsed.is_err());
+        assert!(matches!(
+            run(&Trace::new(12, 64), &mut Planner::Oracle, &cfg()),
+            Err(Error::EmptyTrace)
+        ));
+        Ok(())
+    }
+
+    #[test]
+    fn reaction_time_table() {
+        let cases: Vec<(Vec<f32>, Vec<f32>, Vec<u64>, Option<f64>)> = vec![
+            (vec![1.0, 0.1, 0.5, 0.9], vec![1.0; 4], vec![1], Some(2.0)),
+            (vec![1.0, 1.0], vec![1.0; 2], vec![0], Some(0.0)),
+            (vec![0.0, 0.0], vec![1.0; 2], vec![0], Some(2.0)),
+            (vec![1.0], vec![1.0], vec![], None),
+        ];
+        for (p, o, m, want) in cases {
+            assert_eq!(reaction_ticks(&p, &o, &m), want);
+        }
+    }
+}
