@@ -6,7 +6,7 @@ TARGET := $(CURDIR)/target
 BIN := $(TARGET)/release
 GUEST := $(TARGET)/workload-guest/workload.elf
 
-.PHONY: all deps build guest demo test test-unit test-guest test-testbed lint testbed clean
+.PHONY: all deps build guest demo test test-unit test-guest test-testbed lint testbed clean bench bench-policies
 
 all: build
 
@@ -41,6 +41,13 @@ test-guest: guest
 
 test-testbed:
 	tests/testbed/suite
+
+# Benchmarks print tables and write JSON under target/bench/; they assert nothing about speed.
+bench: bench-policies
+
+# Policies on the trace suite vs the oracle, plus the 1 TiB scale figures (docs/policies.md).
+bench-policies: deps
+	$(CARGO) run --release --locked -p vmtier-policies --bin vmtier-sim -- report
 
 # Run any command inside the tiered host: make testbed CMD='numactl -H'
 testbed: build

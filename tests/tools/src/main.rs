@@ -7,6 +7,7 @@ mod demo;
 mod guest;
 mod mem;
 mod sanity;
+mod sources;
 
 use std::process::ExitCode;
 
@@ -29,6 +30,8 @@ enum Cmd {
     Guest(guest::GuestArgs),
     /// The demo: guest RAM on CXL, live residency, hot set moved to DRAM.
     Demo(demo::DemoArgs),
+    /// Hotness sources (DAMON fvaddr, soft-dirty) rank a hot buffer part above a cold one.
+    Sources(sources::SourcesArgs),
 }
 
 fn main() -> ExitCode {
@@ -39,6 +42,7 @@ fn main() -> ExitCode {
         Cmd::MovePages(a) => mem::move_pages(&mut c, &a),
         Cmd::Guest(a) => guest::run(&mut c, &a),
         Cmd::Demo(a) => demo::run(&mut c, &a),
+        Cmd::Sources(a) => sources::run(&mut c, &a),
     }
     c.finish()
 }

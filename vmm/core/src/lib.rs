@@ -19,3 +19,16 @@ pub use addr::{ByteSize, GuestPhysAddr, HostVirtAddr, NodeId, PageSize, ProcessI
 pub use backend::VmBackend;
 pub use hotness::{HotnessSource, RegionAccess};
 pub use layout::{Backing, GuestMemoryLayout, GuestRamRange};
+
+/// An error and its sources on one line (`Cannot attach web1: QMP failed: Connection refused`),
+/// for logs and API replies.
+pub fn error_chain(e: &dyn std::error::Error) -> String {
+    let mut s = e.to_string();
+    let mut src = e.source();
+    while let Some(c) = src {
+        s.push_str(": ");
+        s.push_str(&c.to_string());
+        src = c.source();
+    }
+    s
+}

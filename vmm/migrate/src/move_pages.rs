@@ -8,7 +8,9 @@
 use std::io;
 use std::time::Instant;
 
-use vmtier_core::migrate::{Error, MigrationReport, Migrator, PageOutcome, PageRef};
+use vmtier_core::migrate::{
+    Error, MigrationReport, Migrator, PageLocation, PageLocator, PageOutcome, PageRef,
+};
 use vmtier_core::{HostVirtAddr, NodeId, PageSize, ProcessId};
 
 /// `MPOL_MF_MOVE`: move pages mapped only by the target process.
@@ -250,6 +252,22 @@ impl Migrator for MovePages {
             .sum();
         report.elapsed = start.elapsed();
         Ok(report)
+    }
+}
+
+impl PageLocator for MovePages {
+    fn locate(
+        &mut self,
+        pid: ProcessId,
+        addrs: &[HostVirtAddr],
+        out: &mut Vec<PageLocation>,
+    ) -> Result<(), Error> {
+        out.extend(query_nodes(pid, addrs)?.into_iter().map(|q| match q {
+            NodeQuery::On(n) => PageLocation::On(n),
+            NodeQuery::NotPresent => PageLocation::NotPresent,
+            NodeQuery::Errno(_) => PageLocation::Unknown,
+        }));
+        Ok(())
     }
 }
 

@@ -1,0 +1,103 @@
+/* SPDX-License-Identifier: GPL-2.0 */
+/*
+ * vmtier: internal declarations shared by the module's files.
+ */
+#ifndef _VMTIER_H
+#define _VMTIER_H
+
+#include <linux/atomic.h>
+#include <linux/mm_types.h>
+#include <linux/types.h>
+#include <uapi/linux/vmtier.h>
+
+/* Per-page copy result, one byte per entry of a batch. */
+enum vmtier_copy_state {
+	VT_PAGE_NONE = 0,	/* nothing to copy */
+	VT_PAGE_TODO,		/* destination allocated, copy pending */
+	VT_PAGE_DONE,		/* copied */
+	VT_PAGE_FAILED,		/* copy failed (poison) or no memory */
+};
+
+/**
+ * struct vmtier_batch - one batch of base pages being copied
+ * @src:	migrate_vma source entries
+ * @dst:	migrate_vma destination entries, filled after the copy
+ * @dpage:	destination page allocated for each entry, locked
+ * @state:	enum vmtier_copy_state per entry
+ * @npages:	entries
+ * @nid:	destination node
+ * @nomem:	entries whose destination could not be allocated
+ * @mc_errors:	entries whose copy hit a machine check
+ */
+struct vmtier_batch {
+	unsigned long *src;
+	unsigned long *dst;
+	struct page **dpage;
+	u8 *state;
+	unsigned long npages;
+	int nid;
+	atomic_long_t nomem;
+	atomic_long_t mc_errors;
+};
+
+/* Counters exported in debugfs (vmtier/stats). */
+enum vmtier_stat {
+	VT_STAT_CALLS,
+	VT_STAT_CALLS_FAILED,
+	VT_STAT_ACTIVE,
+	VT_STAT_BATCHES,
+	VT_STAT_MOVED,
+	VT_STAT_ON_TARGET,
+	VT_STAT_SKIP_HOLE,
+	VT_STAT_SKIP_THP,
+	VT_STAT_SKIP_BUSY,
+	VT_STAT_SKIP_SHARED,
+	VT_STAT_FAILED,
+	VT_STAT_NOMEM,
+	VT_STAT_MC_ERRORS,
+	VT_STAT_CPU_PAGES,
+	VT_STAT_DMA_PAGES,
+	VT_STAT_DMA_ERRORS,
+	VT_STAT_DMA_TIMEOUTS,
+	VT_STAT_DMA_FALLBACKS,
+	VT_STAT_DST_ALLOCATED,
+	VT_STAT_DST_FREED,
+	VT_STAT_INTERRUPTED,
+	VT_STAT_TARGET_EXITED,
+	VT_NR_STATS,
+};
+
+extern atomic64_t vmtier_stats[VT_NR_STATS];
+
+static inline void vt_stat_add(enum vmtier_stat s, long v)
+{
+	atomic64_add(v, &vmtier_stats[s]);
+}
+
+/* Module parameters. */
+extern unsigned int vmtier_dma_timeout_ms;
+extern unsigned int vmtier_auto_dma_min_pages;
+extern unsigned int vmtier_default_cpu_workers;
+
+/* vmtier_migrate.c */
+int vmtier_do_migrate(struct vmtier_migrate *arg, struct vmtier_range *ranges);
+
+/* vmtier_copy.c: CPU engine */
+int vmtier_workers_init(void);
+void vmtier_workers_exit(void);
+unsigned int vmtier_nr_workers(void);
+struct page *vmtier_alloc_dst(int nid);
+void vmtier_free_dst(struct page *page);
+bool vmtier_copy_page(struct page *dst, struct page *src);
+void vmtier_cpu_copy(struct vmtier_batch *b, unsigned int workers, bool alloc);
+unsigned long vmtier_alloc_batch(struct vmtier_batch *b);
+
+/* vmtier_dma.c: DMA engine */
+struct vmtier_dma;
+struct vmtier_dma *vmtier_dma_get(unsigned int want);
+void vmtier_dma_put(struct vmtier_dma *d);
+unsigned int vmtier_dma_nr_chans(struct vmtier_dma *d);
+unsigned long vmtier_dma_copy(struct vmtier_dma *d, struct vmtier_batch *b);
+int vmtier_dma_query(struct vmtier_query *q);
+
+#endif /* _VMTIER_H */

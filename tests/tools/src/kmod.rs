@@ -1,0 +1,470 @@
+//! Checks of the vmtier kernel module inside the tiered host: loading, QUERY, data
+//! integrity per engine and page kind with a concurrent writer, bad input, DMA faults,
+//! rmmod while busy, signals, and counters back to baseline.
+
+use std::fs;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::thread;
+use std::time::{Duration, Instant};
+
+use vmtier_core::migrate::{Migrator, PageOutcome, PageRef};
+use vmtier_core::{ByteSize, HostVirtAddr, NodeId, PageSize, ProcessId};
+use vmtier_migrate::kmod::{KmodError, KmodReport};
+use vmtier_migrate::{uapi, Combined, Engine, Kmod, KmodConfig, MovePages, Residency};
+
+use crate::check::Checks;
+use crate::mem::{pattern, vmstat, AnonBuf};
+
+const MIB: usize = 1 << 20;
+
+#[derive(clap::Args, Debug)]
+pub struct KmodArgs {
+    /// Directory holding vmtier.ko and vmtier_test_dma.ko.
+    #[arg(long, default_value = "target/kmod")]
+    ko_dir: PathBuf,
+    /// Buffer size per integrity case (multiple of 2 MiB).
+    #[arg(long, default_value = "16M")]
+    size: ByteSize,
+    /// Only these parts (comma separated): query, integrity, errors, dma-faults, busy, final.
+    #[arg(long, value_delimiter = ',')]
+    only: Vec<String>,
+}
+
+fn me() -> ProcessId {
+    ProcessId::new(i32::try_from(std::process::id()).unwrap_or(0))
+}
+
+pub fn sh(cmd: &str) -> (bool, String) {
+    match Command::new("sh").arg("-c").arg(cmd).output() {
+        Ok(o) => (
+            o.status.success(),
+            format!(
+                "{}{}",
+                String::from_utf8_lossy(&o.stdout),
+                String::from_utf8_lossy(&o.stderr)
+            )
+            .trim()
+            .to_owned(),
+        ),
+        Err(e) => (false, e.to_string()),
+    }
+}
+
+/// The module's own counters from debugfs.
+pub fn kstat(name: &str) -> i64 {
+    fs::read_to_string("/sys/kernel/debug/vmtier/stats")
+        .unwrap_or_default()
+        .lines()
+        .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.parse().ok())
+        .unwrap_or(-1)
+}
+
+/// MemFree of a node in bytes.
+pub fn node_free(node: u32) -> u64 {
+    fs::read_to_string(format!("/sys/devices/system/node/node{node}/meminfo"))
+        .unwrap_or_default()
+        .lines()
+        .find_map(|l| {
+            let rest = l.split_once("MemFree:")?.1;
+            rest.trim().trim_end_matches("kB").trim().parse::<u64>().ok()
+        })
+        .unwrap_or(0)
+        << 10
+}
+
+pub fn load_modules(c: &mut Checks, ko_dir: &Path, dma_chans: u32) -> bool {
+    let (ok, out) = sh(&format!("insmod {}/vmtier.ko", ko_dir.display()));
+    if !c.check(
+        ok && Path::new(uapi_dev()).exists(),
+        "insmod vmtier.ko",
+        if out.is_empty() { "/dev/vmtier present" } else { &out },
+    ) {
+        return false;
+    }
+    let (ok, out) = sh(&format!(
+        "insmod {}/vmtier_test_dma.ko chans={dma_chans}",
+        ko_dir.display()
+    ));
+    c.check(
+        ok,
+        "insmod vmtier_test_dma.ko (test-only software DMA provider)",
+        if out.is_empty() { "loaded" } else { &out },
+    )
+}
+
+fn uapi_dev() -> &'static str {
+    vmtier_migrate::kmod::DEVICE
+}
+
+fn set_param(module: &str, name: &str, value: &str) {
+    let _ = fs::write(format!("/sys/module/{module}/parameters/{name}"), value);
+}
+
+/// One page reference per base page of the buffer, or per 2 MiB when `huge`.
+fn pages_of(buf: &AnonBuf, huge: bool) -> Vec<PageRef> {
+    let size = if huge { PageSize::Huge } else { PageSize::Base };
+    (0..buf.len() as u64 / size.bytes())
+        .filter_map(|i| buf.addr().checked_add(i * size.bytes()))
+        .map(|addr| PageRef { addr, size })
+        .collect()
+}
+
+/// A thread that keeps writing one word per base page of the first `pages` pages of a
+/// buffer: `gen << 32 | page`; after `stop` every such word must hold the last full pass.
+struct Writer {
+    stop: Arc<AtomicBool>,
+    gen: Arc<AtomicU64>,
+    handle: Option<thread::JoinHandle<()>>,
+    base: usize,
+    pages: usize,
+}
+
+impl Writer {
+    fn start(buf: &AnonBuf, pages: usize) -> Self {
+        let stop = Arc::new(AtomicBool::new(false));
+        let gen = Arc::new(AtomicU64::new(0));
+        let base = buf.addr().raw() as usize;
+        let (s, g) = (stop.clone(), gen.clone());
+        let handle = thread::spawn(move || {
+            let mut n = 0u64;
+            while !s.load(Ordering::Relaxed) {
+                n += 1;
+                for p in 0..pages {
+                    let w = (base + p * 4096) as *mut u64;
+                    // SAFETY: the word is inside the live buffer, which outlives this
+                    // thread (joined before the buffer drops); only this thread writes
+                    // the first word of these pages while it runs.
+                    unsafe { w.write_volatile(n << 32 | p as u64) };
+                }
+                g.store(n, Ordering::Release);
+            }
+        });
+        Self {
+            stop,
+            gen,
+            handle: Some(handle),
+            base,
+            pages,
+        }
+    }
+
+    /// Stops the writer and returns the words that do not hold its last full pass.
+    fn finish(mut self) -> (u64, usize) {
+        self.stop.store(true, Ordering::Relaxed);
+        if let Some(h) = self.handle.take() {
+            let _ = h.join();
+        }
+        let n = self.gen.load(Ordering::Acquire);
+        let bad = (0..self.pages)
+            .filter(|&p| {
+                let w = (self.base + p * 4096) as *const u64;
+                // SAFETY: inside the live buffer; the writer has been joined.
+                unsafe { w.read_volatile() } != (n << 32 | p as u64)
+            })
+            .count();
+        (n, bad)
+    }
+}
+
+/// Words other than the writer's that differ from the pattern.
+fn corrupted_except_writer(buf: &AnonBuf, writer_pages: usize) -> usize {
+    buf.words_mut()
+        .iter()
+        .enumerate()
+        .filter(|&(i, &w)| !(i % 512 == 0 && i / 512 < writer_pages) && w != pattern(i))
+        .count()
+}
+
+fn all_on(buf: &AnonBuf, node: u32) -> (bool, String) {
+    match Residency::of_range(me(), buf.addr(), buf.len() as u64) {
+        Ok(r) => (
+            r.on(NodeId::new(node)) == buf.len() as u64,
+            format!("{:?}", r.per_node),
+        ),
+        Err(e) => (false, e.to_string()),
+    }
+}
+
+fn describe(r: &KmodReport) -> String {
+    format!(
+        "moved {} on_target {} hole {} thp {} busy {} shared {} failed {}; engine {:?} x{}, \
+         dma fallbacks {}, copy {:.1} ms, total {:.1} ms (TCG)",
+        r.sum(|x| x.moved),
+        r.sum(|x| x.on_target),
+        r.sum(|x| x.skipped_hole),
+        r.sum(|x| x.skipped_thp),
+        r.sum(|x| x.skipped_busy),
+        r.sum(|x| x.skipped_shared),
+        r.sum(|x| x.failed),
+        r.engine_used.map(Engine::name),
+        r.workers_used,
+        r.dma_fallbacks,
+        r.copy_time.as_secs_f64() * 1e3,
+        r.total_time.as_secs_f64() * 1e3,
+    )
+}
+
+fn query(c: &mut Checks) {
+    let k = match Kmod::open(KmodConfig::default()) {
+        Ok(k) => k,
+        Err(e) => return c.fatal("open /dev/vmtier", e),
+    };
+    match k.query() {
+        Ok(q) => {
+            c.check(
+                q.abi_version == uapi::ABI_VERSION
+                    && q.engines.contains(&Engine::Cpu)
+                    && q.max_ranges == uapi::MAX_RANGES
+                    && q.max_batch == uapi::MAX_BATCH
+                    && q.max_workers >= 1,
+                "QUERY: ABI, engines, limits",
+                format!("{q:?}"),
+            );
+            c.check(
+                q.engines.contains(&Engine::Dma)
+                    && q.dma_channels.len() == 2
+                    && q.dma_channels.iter().all(|n| n.starts_with("dma")),
+                "QUERY: the test DMA provider's 2 channels are found by name",
+                format!("{:?}", q.dma_channels),
+            );
+        }
+        Err(e) => {
+            c.check(false, "QUERY", e);
+        }
+    }
+}
+
+/// The (engine, workers) combinations every integrity case runs with.
+const ENGINES: [(Engine, u32); 4] = [
+    (Engine::Cpu, 1),
+    (Engine::Cpu, 2),
+    (Engine::Dma, 2),
+    (Engine::Auto, 0),
+];
+
+fn integrity(c: &mut Checks, len: usize) {
+    for (engine, workers) in ENGINES {
+        let cfg = KmodConfig {
+            engine,
+            workers,
+            batch: 1024,
+        };
+        let name = format!("{}x{workers}", engine.name());
+        integrity_4k(c, len, cfg, &name);
+        integrity_thp_mixed(c, len, cfg, &name);
+    }
+}
+
+fn integrity_4k(c: &mut Checks, len: usize, cfg: KmodConfig, name: &str) {
+    let buf = match AnonBuf::new_on_node(len, false, 1) {
+        Ok(b) => b,
+        Err(e) => return c.fatal("allocate 4K buffer on node 1", e),
+    };
+    let mut k = match Kmod::open(cfg) {
+        Ok(k) => k,
+        Err(e) => return c.fatal("open /dev/vmtier", e),
+    };
+    let pages = len / 4096;
+    let writer_pages = pages / 4;
+    for to in [0u32, 1] {
+        let writer = Writer::start(&buf, writer_pages);
+        thread::sleep(Duration::from_millis(20));
+        let mig0 = vmstat("pgmigrate_success");
+        let r = k.migrate_ranges(me(), &[(buf.addr(), len as u64)], NodeId::new(to));
+        let (gens, lost) = writer.finish();
+        let r = match r {
+            Ok(r) => r,
+            Err(e) => return c.fatal(&format!("{name}: 4K to node {to}"), e),
+        };
+        let moved = r.sum(|x| x.moved);
+        let busy = r.sum(|x| x.skipped_busy);
+        // Pages the writer holds at the instant of the unmap may be skipped as busy.
+        c.check(
+            moved + busy == pages as u64 && r.sum(|x| x.failed) == 0 && moved > 0,
+            &format!("{name}: 4K {} to node {to} with a concurrent writer", ByteSize(len as u64)),
+            describe(&r),
+        );
+        if busy > 0 {
+            // Busy pages: a second call moves them once the writer is gone.
+            let _ = k.migrate_ranges(me(), &[(buf.addr(), len as u64)], NodeId::new(to));
+        }
+        let (on, per_node) = all_on(&buf, to);
+        c.check(on, &format!("{name}: 4K every page on node {to}"), per_node);
+        let bad = corrupted_except_writer(&buf, writer_pages);
+        c.check(
+            bad == 0 && lost == 0 && gens > 0,
+            &format!("{name}: 4K data intact after move to node {to}"),
+            format!("{bad} corrupted words, {lost} lost writes of {gens} writer passes"),
+        );
+        c.check(
+            vmstat("pgmigrate_success") >= mig0 + moved,
+            &format!("{name}: pgmigrate_success counts the module's moves"),
+            format!("+{}", vmstat("pgmigrate_success") - mig0),
+        );
+    }
+}
+
+fn integrity_thp_mixed(c: &mut Checks, len: usize, cfg: KmodConfig, name: &str) {
+    let (thp, small) = match (
+        AnonBuf::new_on_node(len, true, 1),
+        AnonBuf::new_on_node(len, false, 1),
+    ) {
+        (Ok(a), Ok(b)) => (a, b),
+        (Err(e), _) | (_, Err(e)) => return c.fatal("allocate THP + 4K buffers on node 1", e),
+    };
+    let thp_bytes = thp.anon_huge_bytes();
+    let kmod = match Kmod::open(cfg) {
+        Ok(k) => k,
+        Err(e) => return c.fatal("open /dev/vmtier", e),
+    };
+    let mut k = kmod.skip_unsupported(false);
+    // The module alone: the THP range is skipped whole, the 4K range moves.
+    match k.migrate_ranges(
+        me(),
+        &[(thp.addr(), len as u64), (small.addr(), len as u64)],
+        NodeId::new(0),
+    ) {
+        Ok(r) => {
+            let (t, s) = (&r.ranges[0], &r.ranges[1]);
+            c.check(
+                t.skipped_thp == t.pages() && t.moved == 0 && s.moved == s.pages(),
+                &format!("{name}: mixed THP + 4K call: THP skipped, 4K moved"),
+                describe(&r),
+            );
+        }
+        Err(e) => {
+            c.check(false, &format!("{name}: mixed THP + 4K call"), e);
+        }
+    }
+    c.check(
+        thp.anon_huge_bytes() == thp_bytes && thp_bytes == len as u64,
+        &format!("{name}: THPs not split by the module"),
+        format!("AnonHugePages {}", ByteSize(thp.anon_huge_bytes())),
+    );
+    // The combined migrator: THPs by move_pages (whole), 4K by the module; both directions.
+    let kmod = Kmod::open(cfg).ok();
+    let mut comb = Combined::with_kmod(kmod, MovePages::default());
+    for to in [0u32, 1] {
+        let mut pages = pages_of(&thp, true);
+        pages.extend(pages_of(&small, false));
+        let writer = Writer::start(&small, len / 4096 / 4);
+        let r = comb.migrate(me(), &pages, NodeId::new(to));
+        let (_, lost) = writer.finish();
+        match r {
+            Ok(r) => {
+                let on = r.count(PageOutcome::OnTarget);
+                c.check(
+                    on == pages.len(),
+                    &format!("{name}: combined moves THP + 4K to node {to}"),
+                    format!("{on}/{} on target, {:?}", pages.len(), r.elapsed),
+                );
+            }
+            Err(e) => {
+                c.check(false, &format!("{name}: combined to node {to}"), e);
+            }
+        }
+        let (a, pa) = all_on(&thp, to);
+        let (b, pb) = all_on(&small, to);
+        c.check(
+            a && b,
+            &format!("{name}: mixed every page on node {to}"),
+            format!("THP {pa}, 4K {pb}"),
+        );
+        let bad = thp.corrupted_words() + corrupted_except_writer(&small, len / 4096 / 4);
+        c.check(
+            bad == 0 && lost == 0 && thp.anon_huge_bytes() == thp_bytes,
+            &format!("{name}: mixed data intact, THPs whole after move to node {to}"),
+            format!(
+                "{bad} corrupted, {lost} lost writes, AnonHugePages {}",
+                ByteSize(thp.anon_huge_bytes())
+            ),
+        );
+    }
+}
+
+pub fn run(c: &mut Checks, a: &KmodArgs) {
+    let want = |p: &str| a.only.is_empty() || a.only.iter().any(|o| o == p);
+    let Ok(len) = usize::try_from(a.size.0) else {
+        return c.fatal("size", "too large");
+    };
+    let base_iso = vmstat("nr_isolated_anon");
+    let base_free = [node_free(0), node_free(1)];
+    if !load_modules(c, &a.ko_dir, 2) {
+        return;
+    }
+    if want("query") {
+        query(c);
+    }
+    if want("integrity") {
+        integrity(c, len.max(4 * MIB));
+    }
+    if want("errors") {
+        crate::kmod_errors::run(c);
+    }
+    if want("dma-faults") {
+        crate::kmod_errors::dma_faults(c, len.max(4 * MIB));
+    }
+    if want("busy") {
+        crate::kmod_errors::busy(c, &a.ko_dir);
+    }
+    final_checks(c, base_iso, base_free);
+}
+
+fn final_checks(c: &mut Checks, base_iso: u64, base_free: [u64; 2]) {
+    c.check(
+        kstat("active") == 0,
+        "module: no call left active",
+        format!(
+            "calls {} failed {} interrupted {} target_exited {}",
+            kstat("calls"),
+            kstat("calls_failed"),
+            kstat("calls_interrupted"),
+            kstat("calls_target_exited")
+        ),
+    );
+    let (ok1, o1) = sh("rmmod vmtier_test_dma");
+    let (ok2, o2) = sh("rmmod vmtier");
+    c.check(ok1 && ok2, "rmmod both modules", format!("{o1} {o2}"));
+    let _ = fs::write("/proc/sys/vm/drop_caches", "3");
+    let _ = fs::write("/proc/sys/vm/compact_memory", "1");
+    thread::sleep(Duration::from_millis(200));
+    let iso = vmstat("nr_isolated_anon");
+    c.check(
+        iso == base_iso,
+        "nr_isolated_anon back to baseline",
+        format!("{iso} (baseline {base_iso})"),
+    );
+    for n in [0u32, 1] {
+        let now = node_free(n);
+        let base = base_free[n as usize];
+        // Noise: per-CPU page lists, slab, page tables of the test itself.
+        let tol = 16 * MIB as u64;
+        c.check(
+            now + tol >= base,
+            &format!("node {n} free memory back to baseline (no leak)"),
+            format!(
+                "{} now, {} at start",
+                ByteSize(now),
+                ByteSize(base)
+            ),
+        );
+    }
+}
+
+/// Starts timing for the bench and tests.
+pub fn elapsed_ms(t: Instant) -> f64 {
+    t.elapsed().as_secs_f64() * 1e3
+}
+
+/// A handle to HostVirtAddr arithmetic for the other kmod test files.
+pub fn addr_of(p: *const u8) -> HostVirtAddr {
+    HostVirtAddr::new(p as u64)
+}
+
+/// Errno of a module call, for the bad-input checks.
+pub fn errno_of<T>(r: &Result<T, KmodError>) -> Option<i32> {
+    r.as_ref().err().and_then(KmodError::errno)
+}

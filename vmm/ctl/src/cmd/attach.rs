@@ -1,0 +1,70 @@
+//! `vmtierctl attach NAME --budget SIZE (--qmp SOCKET | --pid PID --range START:LEN...)`.
+
+use std::path::PathBuf;
+
+use vmtier_core::{ByteSize, HostVirtAddr, ProcessId, VmId};
+use vmtier_daemon::config::{RangeConfig, VmConfig};
+use vmtier_daemon::proto::Request;
+
+use crate::client::{Client, Error};
+
+#[derive(clap::Args, Debug)]
+pub struct Args {
+    /// Name for the VM.
+    name: VmId,
+    /// DRAM budget (e.g. 64M, 2G).
+    #[arg(long)]
+    budget: ByteSize,
+    /// QEMU's QMP unix socket.
+    #[arg(long, conflicts_with_all = ["pid", "range"])]
+    qmp: Option<PathBuf>,
+    /// A plain process to manage instead of a QEMU guest.
+    #[arg(long, requires = "range")]
+    pid: Option<i32>,
+    /// With --pid: a range START:LEN (START in hex with 0x, LEN with units), repeatable.
+    #[arg(long, value_parser = parse_range)]
+    range: Vec<RangeConfig>,
+}
+
+fn parse_range(s: &str) -> Result<RangeConfig, String> {
+    let (start, len) = s.split_once(':').ok_or("expected START:LEN, e.g. 0x7f0000000000:64M")?;
+    let hex = start.strip_prefix("0x").ok_or("START must be hexadecimal with 0x")?;
+    let start = u64::from_str_radix(hex, 16).map_err(|_| format!("START {start:?} is not hexadecimal"))?;
+    let len: ByteSize = len.parse().map_err(|e| format!("{e}"))?;
+    Ok(RangeConfig { start: HostVirtAddr::new(start), len })
+}
+
+pub fn run(client: &Client, a: Args) -> Result<(), Error> {
+    let vm = VmConfig {
+        name: a.name,
+        budget: a.budget,
+        qmp: a.qmp,
+        pid: a.pid.map(ProcessId::new),
+        ranges: a.range,
+    };
+    vm.validate().map_err(|e| Error::Refused(e.to_string()))?;
+    let reply = client.call(&Request::Attach { vm })?;
+    super::print_done(client, &reply);
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ranges_parse() {
+        let cases = [
+            ("0x7f0000000000:64M", Some((0x7f00_0000_0000, 64 << 20))),
+            ("0x1000:4096", Some((0x1000, 4096))),
+            ("7f00:64M", None),
+            ("0x7f00", None),
+            ("0xzz:1M", None),
+            ("0x1000:much", None),
+        ];
+        for (text, want) in cases {
+            let got = parse_range(text).ok().map(|r| (r.start.raw(), r.len.0));
+            assert_eq!(got, want, "{text}");
+        }
+    }
+}

@@ -1,0 +1,18 @@
+//! `vmtierctl detach VM`.
+
+use vmtier_core::VmId;
+use vmtier_daemon::proto::Request;
+
+use crate::client::{Client, Error};
+
+#[derive(clap::Args, Debug)]
+pub struct Args {
+    /// The VM.
+    vm: VmId,
+}
+
+pub fn run(client: &Client, a: &Args) -> Result<(), Error> {
+    let reply = client.call(&Request::Detach { vm: a.vm.clone() })?;
+    super::print_done(client, &reply);
+    Ok(())
+}

@@ -1,0 +1,61 @@
+//! vmtierctl: talks to vmtierd over its control socket. Human output by default, `--json`
+//! for scripts (the daemon's reply, verbatim).
+
+mod client;
+mod cmd;
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+
+#[derive(Parser, Debug)]
+#[command(name = "vmtierctl", about = "Control vmtierd, the tiered memory manager for VMs")]
+struct Cli {
+    /// vmtierd's control socket.
+    #[arg(long, env = "VMTIER_SOCKET", default_value = "/run/vmtier/vmtierd.sock")]
+    socket: PathBuf,
+    /// Print the daemon's JSON reply instead of text.
+    #[arg(long, global = true)]
+    json: bool,
+    #[command(subcommand)]
+    cmd: Cmd,
+}
+
+#[derive(Subcommand, Debug)]
+enum Cmd {
+    /// List managed VMs.
+    List,
+    /// Show one VM: bytes per node, heat histogram, migration counters.
+    Status(cmd::status::Args),
+    /// Change a VM's DRAM budget (effective at the next tick).
+    SetBudget(cmd::set_budget::Args),
+    /// Start managing a VM.
+    Attach(cmd::attach::Args),
+    /// Stop managing a VM; its pages stay where they are.
+    Detach(cmd::detach::Args),
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let client = client::Client::new(cli.socket, cli.json);
+    let r = match cli.cmd {
+        Cmd::List => cmd::list::run(&client),
+        Cmd::Status(a) => cmd::status::run(&client, &a),
+        Cmd::SetBudget(a) => cmd::set_budget::run(&client, &a),
+        Cmd::Attach(a) => cmd::attach::run(&client, a),
+        Cmd::Detach(a) => cmd::detach::run(&client, &a),
+    };
+    match r {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("vmtierctl: {e}");
+            let mut src = std::error::Error::source(&e);
+            while let Some(s) = src {
+                eprintln!("  caused by: {s}");
+                src = s.source();
+            }
+            ExitCode::FAILURE
+        }
+    }
+}

@@ -1,0 +1,138 @@
+//! vmtierd: the tiered-memory daemon. Loads the config, attaches the configured VMs, serves
+//! the control socket and runs the engine's tick until SIGINT/SIGTERM.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::mpsc::{self, RecvTimeoutError};
+use std::time::{Duration, Instant};
+
+use clap::Parser;
+use log::{error, info};
+use vmtier_core::{error_chain as chain, ByteSize, NodeId};
+use vmtier_daemon::config::Config;
+use vmtier_daemon::engine::{Engine, EngineConfig};
+use vmtier_daemon::{parts, server};
+use vmtier_migrate::MovePages;
+
+#[derive(Parser, Debug)]
+#[command(name = "vmtierd", about = "Tiered memory manager for VMs: keeps each VM's hot pages in DRAM under a budget")]
+struct Args {
+    /// Configuration file (docs/config.md).
+    #[arg(long, short, default_value = "/etc/vmtier/vmtierd.toml")]
+    config: PathBuf,
+    /// Override the control socket path.
+    #[arg(long)]
+    socket: Option<PathBuf>,
+    /// Check the configuration and exit.
+    #[arg(long)]
+    check: bool,
+}
+
+static STOP: AtomicBool = AtomicBool::new(false);
+
+extern "C" fn on_signal(_: libc::c_int) {
+    STOP.store(true, Ordering::Relaxed);
+}
+
+/// Bytes of memory on a node (sysfs MemTotal), or why not.
+fn node_bytes(node: NodeId) -> Result<u64, String> {
+    let path = format!("/sys/devices/system/node/node{node}/meminfo");
+    let text = std::fs::read_to_string(&path).map_err(|_| format!("Node {node} does not exist on this host ({path})"))?;
+    text.lines()
+        .find(|l| l.contains("MemTotal:"))
+        .and_then(|l| l.split_whitespace().nth(3))
+        .and_then(|kb| kb.parse::<u64>().ok())
+        .map(|kb| kb << 10)
+        .filter(|&b| b > 0)
+        .ok_or_else(|| format!("Node {node} has no memory"))
+}
+
+fn main() -> ExitCode {
+    env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("info")).init();
+    let args = Args::parse();
+    let mut cfg = match Config::load(&args.config) {
+        Ok(c) => c,
+        Err(e) => {
+            error!("{}", chain(&e));
+            return ExitCode::from(2);
+        }
+    };
+    if let Some(s) = args.socket {
+        cfg.daemon.socket = s;
+    }
+    if args.check {
+        println!("{}: ok ({} VMs)", args.config.display(), cfg.vms.len());
+        return ExitCode::SUCCESS;
+    }
+    let d = &cfg.daemon;
+    let fast_bytes = match (node_bytes(d.fast_node), node_bytes(d.slow_node)) {
+        (Ok(f), Ok(s)) => {
+            info!("DRAM node {}: {}, CXL node {}: {}", d.fast_node, ByteSize(f), d.slow_node, ByteSize(s));
+            f
+        }
+        (Err(e), _) | (_, Err(e)) => {
+            error!("{e}");
+            return ExitCode::from(2);
+        }
+    };
+    let engine_cfg = EngineConfig {
+        interval: Duration::from_millis(d.interval_ms),
+        fast_node: d.fast_node,
+        slow_node: d.slow_node,
+        rate_limit_bytes_per_s: d.rate_limit_mbps.saturating_mul(1_000_000),
+        granule_bytes: d.granule.0,
+        refresh_ticks: d.refresh_ticks,
+        fast_node_bytes: Some(fast_bytes),
+    };
+    let mut engine = Engine::new(engine_cfg, Box::new(MovePages::default()), Box::new(MovePages::default()));
+    for vm in &cfg.vms {
+        let r = parts::build(&cfg, vm).and_then(|p| engine.attach(vm.name.clone(), vm.budget, p).map_err(|e| chain(&e)));
+        if let Err(e) = r {
+            // The other VMs are still managed; this one can be attached later.
+            error!("{}: not managed: {e}", vm.name);
+        }
+    }
+
+    let (tx, rx) = mpsc::channel::<server::Call>();
+    if let Err(e) = server::spawn(&cfg.daemon.socket, tx) {
+        error!("{}", chain(&e));
+        return ExitCode::from(2);
+    }
+    // SAFETY: the handler only stores to an atomic, which is async-signal-safe.
+    unsafe {
+        let handler = on_signal as extern "C" fn(libc::c_int) as libc::sighandler_t;
+        libc::signal(libc::SIGINT, handler);
+        libc::signal(libc::SIGTERM, handler);
+    }
+    info!("vmtierd: {} VMs managed, control socket {}, tick {} ms", engine.vm_names().len(), cfg.daemon.socket.display(), cfg.daemon.interval_ms);
+
+    let interval = Duration::from_millis(cfg.daemon.interval_ms);
+    let mut next = Instant::now() + interval;
+    let mut build = |vm: &vmtier_daemon::config::VmConfig| parts::build(&cfg, vm);
+    while !STOP.load(Ordering::Relaxed) {
+        let now = Instant::now();
+        if now >= next {
+            engine.tick();
+            next += interval;
+            if next < now {
+                next = now + interval;
+            }
+            continue;
+        }
+        let wait = (next - now).min(Duration::from_millis(200));
+        match rx.recv_timeout(wait) {
+            Ok((req, reply)) => {
+                let _ = reply.send(engine.handle(req, &mut build));
+            }
+            Err(RecvTimeoutError::Timeout) => {}
+            Err(RecvTimeoutError::Disconnected) => break,
+        }
+    }
+    info!("vmtierd: stopping");
+    for name in engine.vm_names() {
+        let _ = engine.detach(&name);
+    }
+    let _ = std::fs::remove_file(&cfg.daemon.socket);
+    ExitCode::SUCCESS
+}
