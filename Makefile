@@ -6,7 +6,7 @@ TARGET := $(CURDIR)/target
 BIN := $(TARGET)/release
 GUEST := $(TARGET)/workload-guest/workload.elf
 
-.PHONY: all deps build guest demo test test-unit test-guest test-testbed lint testbed clean bench bench-policies
+.PHONY: all deps build guest demo test test-unit test-guest test-testbed lint testbed clean bench bench-policies kmod bench-kmod
 
 all: build
 
@@ -16,6 +16,7 @@ deps:
 build: deps
 	$(CARGO) build --release --workspace --locked
 	$(MAKE) -C tests/workload-guest O=$(TARGET)/workload-guest
+	$(MAKE) kmod
 
 guest:
 	$(MAKE) -C tests/workload-guest O=$(TARGET)/workload-guest
@@ -56,3 +57,15 @@ testbed: build
 clean:
 	$(CARGO) clean
 	$(MAKE) -C tests/workload-guest O=$(TARGET)/workload-guest clean
+
+# The host kernel module (and its test-only DMA provider) for the testbed's kernel, built
+# out of tree in target/kmod. KVER=<release> builds for another installed kernel.
+KMOD_KVER ?= $(shell ls /boot/vmlinuz-6.12.*+deb12-amd64 2>/dev/null | sed 's|.*/vmlinuz-||' | sort -V | tail -n 1)
+kmod:
+	$(MAKE) -C host-kmod KVER=$(KMOD_KVER) O=$(TARGET)/kmod TESTS=y
+
+# Module copy engines vs move_pages(2) inside the testbed: table + target/bench/kmod.json.
+bench-kmod: build
+	tests/testbed/run --quiet --timeout 900 -- $(BIN)/tbcheck kmod-bench --ko-dir $(TARGET)/kmod --out $(TARGET)/bench/kmod.json; \
+	rc=$$?; run=$$(ls -td $(TARGET)/testbed/runs/*/ | head -n 1); \
+	sed -n '/^engine /,/^json /p' $$run/console.log; exit $$rc

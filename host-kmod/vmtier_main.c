@@ -42,6 +42,7 @@ static const char * const vt_stat_names[VT_NR_STATS] = {
 	[VT_STAT_DMA_FALLBACKS] = "dma_fallback_pages",
 	[VT_STAT_DST_ALLOCATED] = "dst_allocated",
 	[VT_STAT_DST_FREED] = "dst_freed_unplaced",
+	[VT_STAT_DST_PLACED_FAILED] = "dst_placed_failed",
 	[VT_STAT_INTERRUPTED] = "calls_interrupted",
 	[VT_STAT_TARGET_EXITED] = "calls_target_exited",
 };

@@ -288,10 +288,12 @@ static int vt_migrate_batch(struct vt_ctx *c, struct vm_area_struct *vma,
 	for (i = 0; i < npages; i++) {
 		if (!b->dst[i])
 			continue;
-		if (b->src[i] & MIGRATE_PFN_MIGRATE)
+		if (b->src[i] & MIGRATE_PFN_MIGRATE) {
 			moved++;
-		else
+		} else {
 			failed++;	/* finalize frees the destination */
+			vt_stat_add(VT_STAT_DST_PLACED_FAILED, 1);
+		}
 	}
 	for (k = 0; k < nruns; k++)
 		migrate_vma_finalize(&c->runs[k]);
@@ -479,6 +481,7 @@ int vmtier_do_migrate(struct vmtier_migrate *arg, struct vmtier_range *ranges)
 	if (arg->node >= MAX_NUMNODES || !node_state(arg->node, N_MEMORY))
 		return -ENODEV;
 	c.nid = arg->node;
+	c.b.nid = c.nid;
 	c.batch = arg->batch ? arg->batch : VMTIER_DEFAULT_BATCH;
 	c.cpu_threads = arg->engine == VMTIER_ENGINE_CPU && arg->workers ?
 			arg->workers : vmtier_default_cpu_workers;

@@ -130,7 +130,9 @@ static void vtd_work(struct work_struct *work)
 	struct vtd_chan *vc = container_of(work, struct vtd_chan, work);
 	struct device *dev = vc->chan.device->dev;
 	struct dmaengine_result res;
-	struct dmaengine_desc_callback cb;
+	dma_async_tx_callback_result cb_result;
+	dma_async_tx_callback cb;
+	void *cb_param;
 	struct vtd_desc *d;
 	unsigned long flags;
 	unsigned int n;
@@ -163,13 +165,13 @@ static void vtd_work(struct work_struct *work)
 		spin_lock_irqsave(&vc->lock, flags);
 		vc->chan.completed_cookie = d->tx.cookie;
 		spin_unlock_irqrestore(&vc->lock, flags);
-		cb.callback = d->tx.callback;
-		cb.callback_result = d->tx.callback_result;
-		cb.callback_param = d->tx.callback_param;
-		if (cb.callback_result)
-			cb.callback_result(cb.callback_param, &res);
-		else if (cb.callback)
-			cb.callback(cb.callback_param);
+		cb = d->tx.callback;
+		cb_result = d->tx.callback_result;
+		cb_param = d->tx.callback_param;
+		if (cb_result)
+			cb_result(cb_param, &res);
+		else if (cb)
+			cb(cb_param);
 		kfree(d);
 	}
 }

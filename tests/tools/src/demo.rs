@@ -7,10 +7,10 @@ use std::time::{Duration, Instant};
 use vmtier_backends::qemu::QemuBackend;
 use vmtier_core::migrate::{Migrator, PageRef};
 use vmtier_core::{ByteSize, GuestMemoryLayout, GuestPhysAddr, NodeId, PageSize};
-use vmtier_migrate::{MovePages, Residency};
+use vmtier_migrate::MovePages;
 
 use crate::check::Checks;
-use crate::guest::{num, Guest};
+use crate::guest::{gpa_residency, num, residency, Guest};
 
 #[derive(clap::Args, Debug)]
 pub struct DemoArgs {
@@ -28,42 +28,14 @@ pub struct DemoArgs {
     seconds: u64,
 }
 
-fn hot_residency(layout: &GuestMemoryLayout, hot_gpa: u64, hot_len: u64) -> Residency {
-    let page = PageSize::Base.bytes();
-    let mut total = Residency::default();
-    let mut gpa = hot_gpa;
-    while gpa < hot_gpa + hot_len {
-        if let Some(hva) = layout.translate(GuestPhysAddr(gpa)) {
-            if let Ok(r) = Residency::of_range(layout.pid, hva, page) {
-                for (n, b) in r.per_node {
-                    match total.per_node.iter_mut().find(|e| e.0 == n) {
-                        Some(e) => e.1 += b,
-                        None => total.per_node.push((n, b)),
-                    }
-                }
-            }
-        }
-        gpa += page;
-    }
-    total.per_node.sort();
-    total
-}
-
 fn show(
     t0: Instant,
     layout: &GuestMemoryLayout,
     hot: (u64, u64),
     guest: &mut Guest,
 ) -> (u64, u64, u64) {
-    let mut all = (0, 0);
-    for r in &layout.ranges {
-        if let Ok(res) = Residency::of_range(layout.pid, r.hva, r.len) {
-            all.0 += res.on(NodeId::new(0));
-            all.1 += res.on(NodeId::new(1));
-        }
-    }
-    let h = hot_residency(layout, hot.0, hot.1);
-    let hot_dram = h.on(NodeId::new(0));
+    let all = residency(layout).map_or((0, 0), |r| (r.on(NodeId::new(0)), r.on(NodeId::new(1))));
+    let hot_dram = gpa_residency(layout, hot.0, hot.1).map_or(0, |r| r.on(NodeId::new(0)));
     guest.poll();
     let touches = guest
         .seen

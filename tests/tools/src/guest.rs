@@ -146,6 +146,15 @@ impl Guest {
         }
     }
 
+    /// The first `WG` line seen so far starting with `prefix`, or the next one to arrive.
+    pub fn seen_or_wait(&mut self, prefix: &str, timeout: Duration) -> Option<String> {
+        self.poll();
+        match self.seen.iter().find(|l| l.starts_with(prefix)) {
+            Some(l) => Some(l.clone()),
+            None => self.wait_for(prefix, timeout),
+        }
+    }
+
     /// Drains lines already received.
     pub fn poll(&mut self) {
         while let Ok(line) = self.lines.try_recv() {
@@ -199,20 +208,42 @@ fn all_pages(layout: &GuestMemoryLayout) -> Vec<PageRef> {
         .collect()
 }
 
-fn residency(layout: &GuestMemoryLayout) -> Result<Residency, vmtier_core::migrate::Error> {
-    let mut total = Residency::default();
-    for r in &layout.ranges {
-        let part = Residency::of_range(layout.pid, r.hva, r.len)?;
-        for (n, b) in part.per_node {
-            match total.per_node.iter_mut().find(|e| e.0 == n) {
-                Some(e) => e.1 += b,
-                None => total.per_node.push((n, b)),
-            }
+fn add(total: &mut Residency, part: Residency) {
+    for (n, b) in part.per_node {
+        match total.per_node.iter_mut().find(|e| e.0 == n) {
+            Some(e) => e.1 += b,
+            None => total.per_node.push((n, b)),
         }
-        total.not_present += part.not_present;
-        total.errors += part.errors;
     }
     total.per_node.sort();
+    total.not_present += part.not_present;
+    total.errors += part.errors;
+}
+
+/// Where all of the guest's RAM is.
+pub fn residency(layout: &GuestMemoryLayout) -> Result<Residency, vmtier_core::migrate::Error> {
+    let mut total = Residency::default();
+    for r in &layout.ranges {
+        add(&mut total, Residency::of_range(layout.pid, r.hva, r.len)?);
+    }
+    Ok(total)
+}
+
+/// Where the guest physical range `[gpa, gpa + len)` is (its parts that are guest RAM).
+pub fn gpa_residency(
+    layout: &GuestMemoryLayout,
+    gpa: u64,
+    len: u64,
+) -> Result<Residency, vmtier_core::migrate::Error> {
+    let end = gpa.saturating_add(len);
+    let mut total = Residency::default();
+    for r in &layout.ranges {
+        let (lo, hi) = (gpa.max(r.gpa.0), end.min(r.gpa.0 + r.len));
+        if lo < hi {
+            let hva = r.hva.checked_add(lo - r.gpa.0).unwrap_or(r.hva);
+            add(&mut total, Residency::of_range(layout.pid, hva, hi - lo)?);
+        }
+    }
     Ok(total)
 }
 

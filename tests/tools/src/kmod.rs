@@ -8,11 +8,11 @@ use std::process::Command;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::thread;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use vmtier_core::migrate::{Migrator, PageOutcome, PageRef};
-use vmtier_core::{ByteSize, HostVirtAddr, NodeId, PageSize, ProcessId};
-use vmtier_migrate::kmod::{KmodError, KmodReport};
+use vmtier_core::{ByteSize, NodeId, PageSize, ProcessId};
+use vmtier_migrate::kmod::KmodReport;
 use vmtier_migrate::{uapi, Combined, Engine, Kmod, KmodConfig, MovePages, Residency};
 
 use crate::check::Checks;
@@ -69,7 +69,11 @@ pub fn node_free(node: u32) -> u64 {
         .lines()
         .find_map(|l| {
             let rest = l.split_once("MemFree:")?.1;
-            rest.trim().trim_end_matches("kB").trim().parse::<u64>().ok()
+            rest.trim()
+                .trim_end_matches("kB")
+                .trim()
+                .parse::<u64>()
+                .ok()
         })
         .unwrap_or(0)
         << 10
@@ -80,7 +84,11 @@ pub fn load_modules(c: &mut Checks, ko_dir: &Path, dma_chans: u32) -> bool {
     if !c.check(
         ok && Path::new(uapi_dev()).exists(),
         "insmod vmtier.ko",
-        if out.is_empty() { "/dev/vmtier present" } else { &out },
+        if out.is_empty() {
+            "/dev/vmtier present"
+        } else {
+            &out
+        },
     ) {
         return false;
     }
@@ -97,10 +105,6 @@ pub fn load_modules(c: &mut Checks, ko_dir: &Path, dma_chans: u32) -> bool {
 
 fn uapi_dev() -> &'static str {
     vmtier_migrate::kmod::DEVICE
-}
-
-fn set_param(module: &str, name: &str, value: &str) {
-    let _ = fs::write(format!("/sys/module/{module}/parameters/{name}"), value);
 }
 
 /// One page reference per base page of the buffer, or per 2 MiB when `huge`.
@@ -126,7 +130,7 @@ impl Writer {
     fn start(buf: &AnonBuf, pages: usize) -> Self {
         let stop = Arc::new(AtomicBool::new(false));
         let gen = Arc::new(AtomicU64::new(0));
-        let base = buf.addr().raw() as usize;
+        let base = usize::try_from(buf.addr().raw()).unwrap_or(0);
         let (s, g) = (stop.clone(), gen.clone());
         let handle = thread::spawn(move || {
             let mut n = 0u64;
@@ -162,7 +166,8 @@ impl Writer {
             .filter(|&p| {
                 let w = (self.base + p * 4096) as *const u64;
                 // SAFETY: inside the live buffer; the writer has been joined.
-                unsafe { w.read_volatile() } != (n << 32 | p as u64)
+                let v = unsafe { w.read_volatile() };
+                v != (n << 32 | p as u64)
             })
             .count();
         (n, bad)
@@ -284,7 +289,10 @@ fn integrity_4k(c: &mut Checks, len: usize, cfg: KmodConfig, name: &str) {
         // Pages the writer holds at the instant of the unmap may be skipped as busy.
         c.check(
             moved + busy == pages as u64 && r.sum(|x| x.failed) == 0 && moved > 0,
-            &format!("{name}: 4K {} to node {to} with a concurrent writer", ByteSize(len as u64)),
+            &format!(
+                "{name}: 4K {} to node {to} with a concurrent writer",
+                ByteSize(len as u64)
+            ),
             describe(&r),
         );
         if busy > 0 {
@@ -390,6 +398,12 @@ pub fn run(c: &mut Checks, a: &KmodArgs) {
     let Ok(len) = usize::try_from(a.size.0) else {
         return c.fatal("size", "too large");
     };
+    // Warm up first (page cache of the binaries, slab, per-CPU lists), then take the
+    // baseline the end is compared to.
+    for node in [0, 1] {
+        drop(AnonBuf::new_on_node(32 * MIB, false, node));
+    }
+    settle();
     let base_iso = vmstat("nr_isolated_anon");
     let base_free = [node_free(0), node_free(1)];
     if !load_modules(c, &a.ko_dir, 2) {
@@ -413,6 +427,11 @@ pub fn run(c: &mut Checks, a: &KmodArgs) {
     final_checks(c, base_iso, base_free);
 }
 
+fn settle() {
+    let _ = fs::write("/proc/sys/vm/drop_caches", "3");
+    thread::sleep(Duration::from_millis(200));
+}
+
 fn final_checks(c: &mut Checks, base_iso: u64, base_free: [u64; 2]) {
     c.check(
         kstat("active") == 0,
@@ -425,12 +444,24 @@ fn final_checks(c: &mut Checks, base_iso: u64, base_free: [u64; 2]) {
             kstat("calls_target_exited")
         ),
     );
+    let (alloc, freed, moved, placed_failed) = (
+        kstat("dst_allocated"),
+        kstat("dst_freed_unplaced"),
+        kstat("pages_moved"),
+        kstat("dst_placed_failed"),
+    );
+    c.check(
+        alloc >= 0 && alloc == freed + moved + placed_failed,
+        "module: every destination page placed or freed",
+        format!(
+            "allocated {alloc} = moved {moved} + freed unplaced {freed} + placed but failed \
+             {placed_failed}"
+        ),
+    );
     let (ok1, o1) = sh("rmmod vmtier_test_dma");
     let (ok2, o2) = sh("rmmod vmtier");
     c.check(ok1 && ok2, "rmmod both modules", format!("{o1} {o2}"));
-    let _ = fs::write("/proc/sys/vm/drop_caches", "3");
-    let _ = fs::write("/proc/sys/vm/compact_memory", "1");
-    thread::sleep(Duration::from_millis(200));
+    settle();
     let iso = vmstat("nr_isolated_anon");
     c.check(
         iso == base_iso,
@@ -445,26 +476,7 @@ fn final_checks(c: &mut Checks, base_iso: u64, base_free: [u64; 2]) {
         c.check(
             now + tol >= base,
             &format!("node {n} free memory back to baseline (no leak)"),
-            format!(
-                "{} now, {} at start",
-                ByteSize(now),
-                ByteSize(base)
-            ),
+            format!("{} now, {} at start", ByteSize(now), ByteSize(base)),
         );
     }
-}
-
-/// Starts timing for the bench and tests.
-pub fn elapsed_ms(t: Instant) -> f64 {
-    t.elapsed().as_secs_f64() * 1e3
-}
-
-/// A handle to HostVirtAddr arithmetic for the other kmod test files.
-pub fn addr_of(p: *const u8) -> HostVirtAddr {
-    HostVirtAddr::new(p as u64)
-}
-
-/// Errno of a module call, for the bad-input checks.
-pub fn errno_of<T>(r: &Result<T, KmodError>) -> Option<i32> {
-    r.as_ref().err().and_then(KmodError::errno)
 }

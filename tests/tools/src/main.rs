@@ -3,8 +3,13 @@
 //! failed.
 
 mod check;
+mod daemon;
 mod demo;
 mod guest;
+mod kmod;
+mod kmod_bench;
+mod kmod_errors;
+mod kmod_guest;
 mod mem;
 mod sanity;
 mod sources;
@@ -30,8 +35,16 @@ enum Cmd {
     Guest(guest::GuestArgs),
     /// The demo: guest RAM on CXL, live residency, hot set moved to DRAM.
     Demo(demo::DemoArgs),
+    /// vmtierd end to end on the workload guest: promotion, budget cut, moving hot set.
+    Daemon(daemon::DaemonArgs),
     /// Hotness sources (DAMON fvaddr, soft-dirty) rank a hot buffer part above a cold one.
     Sources(sources::SourcesArgs),
+    /// The vmtier kernel module: load, QUERY, integrity per engine, bad input, DMA faults.
+    Kmod(kmod::KmodArgs),
+    /// The workload guest's RAM moved by the vmtier module while it runs.
+    KmodGuest(kmod_guest::KmodGuestArgs),
+    /// move_pages(2) vs the vmtier module's engines: GB/s table and JSON (emulated here).
+    KmodBench(kmod_bench::KmodBenchArgs),
 }
 
 fn main() -> ExitCode {
@@ -42,6 +55,10 @@ fn main() -> ExitCode {
         Cmd::MovePages(a) => mem::move_pages(&mut c, &a),
         Cmd::Guest(a) => guest::run(&mut c, &a),
         Cmd::Demo(a) => demo::run(&mut c, &a),
+        Cmd::Daemon(a) => daemon::run(&mut c, &a),
+        Cmd::Kmod(a) => kmod::run(&mut c, &a),
+        Cmd::KmodGuest(a) => kmod_guest::run(&mut c, &a),
+        Cmd::KmodBench(a) => kmod_bench::run(&mut c, &a),
         Cmd::Sources(a) => sources::run(&mut c, &a),
     }
     c.finish()

@@ -444,9 +444,7 @@ impl Combined {
     /// Uses the module when `/dev/vmtier` opens, and `move_pages` (with `batch` pages
     /// per call, `move_shared` as in [`MovePages::new`]) for the rest.
     pub fn new(config: KmodConfig, batch: usize, move_shared: bool) -> Self {
-        let kmod = Kmod::open(config)
-            .ok()
-            .map(|k| k.skip_unsupported(true));
+        let kmod = Kmod::open(config).ok().map(|k| k.skip_unsupported(true));
         Self::with_kmod(kmod, MovePages::new(batch, move_shared))
     }
 

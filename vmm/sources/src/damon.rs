@@ -219,8 +219,9 @@ impl Sysfs {
         })
     }
 
-    /// Writes `value`; retries a few times on EBUSY (DAMON sysfs takes its lock with
-    /// trylock, so a concurrent writer makes a write fail transiently).
+    /// Writes `value`; retries on EBUSY for up to a second (DAMON sysfs takes its lock
+    /// with trylock, and handles one `update_schemes_*` request at a time, so a concurrent
+    /// writer — another VM's `collect` — makes a write fail transiently).
     fn write(&self, path: &Path, value: &str) -> Result<(), Error> {
         let mut tries = 0;
         loop {
@@ -230,7 +231,7 @@ impl Sysfs {
                 .and_then(|mut f| f.write_all(value.as_bytes()));
             match r {
                 Ok(()) => return Ok(()),
-                Err(e) if e.raw_os_error() == Some(libc::EBUSY) && tries < 20 => {
+                Err(e) if e.raw_os_error() == Some(libc::EBUSY) && tries < 100 => {
                     tries += 1;
                     thread::sleep(Duration::from_millis(10));
                 }

@@ -142,7 +142,7 @@ fn attach_damon(
     opts: &SelectOptions,
     layout: &GuestMemoryLayout,
 ) -> Result<Selection, hotness::Error> {
-    damon::probe(&opts.damon.root).map_err(hotness::Error::from)?;
+    // Attaching checks everything probe() does (sysfs, operations, a free slot).
     let mut s = DamonSource::new(opts.damon.clone());
     s.attach(layout)?;
     let why = format!(

@@ -2,8 +2,12 @@
 //!
 //! The store sees a VM's RAM the way a policy does: an array of equally sized granules
 //! (4 KiB ..= 2 MiB, a power of two) indexed in guest-physical order over the layout's
-//! ranges. A range whose length is not a granule multiple ends with one partial granule;
-//! a granule never spans two ranges.
+//! ranges. Granule boundaries fall on **host virtual** multiples of the granule size, so that
+//! a 2 MiB granule is exactly one transparent huge page of the VMM process (QEMU's RAM above
+//! 1 MiB starts 1 MiB into a huge page; granules counted from the range start would straddle
+//! two huge pages, and migrating one would drag half of each neighbour along). A range that
+//! does not start or end on such a boundary has a partial first or last granule; a granule
+//! never spans two ranges.
 //!
 //! # Heat
 //!
@@ -65,8 +69,25 @@ struct Span {
     gpa: u64,
     hva: u64,
     len: u64,
+    /// `hva` modulo the granule size: how far into its first granule the range starts.
+    lead: u64,
     first: u32,
     count: u32,
+}
+
+impl Span {
+    /// The granule-aligned host address at or below `hva`.
+    fn base(&self) -> u64 {
+        self.hva - self.lead
+    }
+
+    /// Host bytes `[lo, hi)` of the span's `k`-th granule.
+    fn granule(&self, k: u32, shift: u32) -> (u64, u64) {
+        let start = self.base() + (u64::from(k) << shift);
+        let lo = start.max(self.hva);
+        let hi = (start + (1u64 << shift)).min(self.hva + self.len);
+        (lo, hi)
+    }
 }
 
 /// Where one granule lives.
@@ -138,12 +159,15 @@ impl HotnessStore {
         let mut next: u32 = 0;
         // GuestMemoryLayout keeps its ranges sorted by guest physical address.
         for r in &layout.ranges {
-            let count =
-                u32::try_from(div_ceil_pow2(r.len, shift)).map_err(|_| Error::TooManyGranules)?;
+            let lead = r.hva.raw() & (g - 1);
+            // The layout checked that hva + len fits in 64 bits; lead < g.
+            let count = u32::try_from(div_ceil_pow2(lead + r.len, shift))
+                .map_err(|_| Error::TooManyGranules)?;
             spans.push(Span {
                 gpa: r.gpa.0,
                 hva: r.hva.raw(),
                 len: r.len,
+                lead,
                 first: next,
                 count,
             });
@@ -229,8 +253,8 @@ impl HotnessStore {
                 }
                 covered = covered.saturating_add(hi - lo);
                 // g0 <= g1 < s.count, so both fit in u32.
-                let g0 = u32::try_from((lo - s.hva) >> self.shift).unwrap_or(u32::MAX);
-                let g1 = u32::try_from((hi - 1 - s.hva) >> self.shift).unwrap_or(0);
+                let g0 = u32::try_from((lo - s.base()) >> self.shift).unwrap_or(u32::MAX);
+                let g1 = u32::try_from((hi - 1 - s.base()) >> self.shift).unwrap_or(0);
                 let first = s.first as usize;
                 for g in g0..=g1 {
                     let i = first + g as usize;
@@ -268,11 +292,11 @@ impl HotnessStore {
         if k >= s.count {
             return None;
         }
-        let off = u64::from(k) << self.shift;
+        let (lo, hi) = s.granule(k, self.shift);
         Some(GranuleSpan {
-            gpa: GuestPhysAddr(s.gpa.checked_add(off)?),
-            hva: HostVirtAddr::new(s.hva.checked_add(off)?),
-            len: (s.len - off).min(self.granule_bytes),
+            gpa: GuestPhysAddr(s.gpa.checked_add(lo - s.hva)?),
+            hva: HostVirtAddr::new(lo),
+            len: hi - lo,
         })
     }
 
@@ -284,7 +308,7 @@ impl HotnessStore {
         if off >= s.len {
             return None;
         }
-        let k = u32::try_from(off >> self.shift).ok()?;
+        let k = u32::try_from((s.lead + off) >> self.shift).ok()?;
         Some(Granule(s.first.checked_add(k)?))
     }
 
@@ -308,8 +332,8 @@ impl HotnessStore {
         for s in &self.spans {
             let first = s.first as usize;
             for k in 0..s.count {
-                let off = u64::from(k) << self.shift;
-                let len = (s.len - off).min(self.granule_bytes);
+                let (lo, hi) = s.granule(k, self.shift);
+                let len = hi - lo;
                 if self.records[first + k as usize].is_fast() {
                     t.fast += len;
                 } else {
@@ -406,6 +430,36 @@ mod tests {
         for (f, h) in cases {
             assert_eq!(freq_to_heat(f), h, "freq {f}");
         }
+    }
+
+    #[test]
+    fn granules_are_aligned_to_host_huge_pages() {
+        // QEMU's RAM above 1 MiB: gpa 1M at hva A+1M, 5 MiB long, 2 MiB granules.
+        // host:  |A      |A+2M     |A+4M     |A+6M
+        // range:     [A+1M ............... A+6M)
+        // granule:  g0 1M |  g1 2M  |  g2 2M  |
+        let m = 1u64 << 20;
+        let s = store(&[(m, A + m, 5 * m)], 2 * m);
+        assert_eq!(s.len(), 3);
+        let cases = [
+            (0u32, Some((m, A + m, m))),
+            (1, Some((2 * m, A + 2 * m, 2 * m))),
+            (2, Some((4 * m, A + 4 * m, 2 * m))),
+            (3, None),
+        ];
+        for (g, want) in cases {
+            let got = s.span(Granule(g)).map(|x| (x.gpa.0, x.hva.raw(), x.len));
+            assert_eq!(got, want, "granule {g}");
+        }
+        let gpas = [(m, Some(0u32)), (2 * m - 1, Some(0)), (2 * m, Some(1)), (6 * m - 1, Some(2)), (6 * m, None)];
+        for (gpa, want) in gpas {
+            assert_eq!(s.granule_of_gpa(GuestPhysAddr(gpa)).map(|g| g.0), want, "gpa {gpa:#x}");
+        }
+        let mut s = s;
+        s.observe(&[acc(A + 2 * m, 2 * m, 255)]);
+        assert_eq!(heats(&s), vec![0, 31, 0]);
+        s.set_tier(Granule(0), Tier::Fast);
+        assert_eq!(s.tier_bytes(), TierBytes { fast: m, slow: 4 * m });
     }
 
     #[test]

@@ -56,7 +56,8 @@
  *			destination, or a copy error (machine check)
  * @reserved:		(in) must be zero
  *
- * The ranges of one call must not overlap. A range may span several VMAs.
+ * A range may span several VMAs. Overlapping ranges are allowed; their pages
+ * are then counted in each (as on_target the second time).
  */
 struct vmtier_range {
 	__u64 start;

@@ -1,0 +1,500 @@
+//! vmtierd end to end: the workload guest under QEMU with its RAM on the CXL node, the real
+//! vmtierd managing it through QMP, vmtierctl changing its budget — measured from outside by
+//! querying where every page of the guest is, every tick.
+
+use std::io::Write as _;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use vmtier_backends::qemu::QemuBackend;
+use vmtier_core::{ByteSize, GuestMemoryLayout, NodeId};
+use vmtier_daemon::proto::{Reply, Response, VmStatus};
+
+use crate::check::Checks;
+use crate::guest::{gpa_residency, num, residency, Guest};
+
+#[derive(clap::Args, Debug)]
+pub struct DaemonArgs {
+    /// The workload guest kernel (multiboot ELF).
+    #[arg(long)]
+    elf: PathBuf,
+    /// Guest RAM.
+    #[arg(long, default_value = "256M")]
+    ram: ByteSize,
+    /// Hot-set size.
+    #[arg(long, default_value = "32M")]
+    hot: ByteSize,
+    /// DRAM budget.
+    #[arg(long, default_value = "64M")]
+    budget: ByteSize,
+    /// Budget set at runtime after promotion (0 = skip the demotion phase).
+    #[arg(long, default_value = "16M")]
+    lower_budget: ByteSize,
+    /// Ticks allowed to get 90% of the hot set into DRAM.
+    #[arg(long, default_value_t = 20)]
+    ticks: u64,
+    /// Move the hot set after this many seconds of guest run time and check it is followed.
+    #[arg(long)]
+    shift_after: Option<u64>,
+    /// vmtierd's hotness source (auto, damon-vaddr, soft-dirty).
+    #[arg(long, default_value = "auto")]
+    source: String,
+    /// Tick length.
+    #[arg(long, default_value_t = 1000)]
+    interval_ms: u64,
+    /// Demo output: a live progress line and a summary table.
+    #[arg(long)]
+    demo: bool,
+}
+
+/// A running vmtierd and the way to talk to it.
+pub struct Daemon {
+    child: Child,
+    /// Control socket.
+    pub socket: PathBuf,
+    /// Its log (stderr).
+    pub log: PathBuf,
+    bin: PathBuf,
+}
+
+/// Directory of our own binary: vmtierd and vmtierctl are built next to tbcheck.
+fn bin_dir() -> PathBuf {
+    std::env::current_exe()
+        .ok()
+        .and_then(|p| p.parent().map(Path::to_path_buf))
+        .unwrap_or_default()
+}
+
+impl Daemon {
+    /// Writes `config` to `dir/vmtierd.toml` and starts vmtierd; waits for its socket
+    /// (`socket`, which the config must name too).
+    pub fn start(dir: &Path, socket: &Path, config: &str) -> std::io::Result<Self> {
+        let cfg = dir.join("vmtierd.toml");
+        std::fs::write(&cfg, config)?;
+        let log = dir.join("vmtierd.log");
+        let bin = bin_dir();
+        let child = Command::new(bin.join("vmtierd"))
+            .arg("--config")
+            .arg(&cfg)
+            .env(
+                "RUST_LOG",
+                std::env::var("RUST_LOG").unwrap_or_else(|_| "info".into()),
+            )
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(&log)?)
+            .spawn()?;
+        let mut d = Self {
+            child,
+            socket: socket.to_owned(),
+            log,
+            bin,
+        };
+        let t = Instant::now();
+        while !d.socket.exists() && t.elapsed() < Duration::from_secs(60) {
+            if let Ok(Some(st)) = d.child.try_wait() {
+                return Err(std::io::Error::other(format!(
+                    "vmtierd exited ({st}): {}",
+                    d.log_text()
+                )));
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        Ok(d)
+    }
+
+    /// The log so far.
+    pub fn log_text(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    /// Runs vmtierctl with `args`; returns (success, stdout + stderr).
+    pub fn ctl(&self, args: &[&str]) -> (bool, String) {
+        match Command::new(self.bin.join("vmtierctl"))
+            .arg("--socket")
+            .arg(&self.socket)
+            .args(args)
+            .output()
+        {
+            Ok(o) => (
+                o.status.success(),
+                format!(
+                    "{}{}",
+                    String::from_utf8_lossy(&o.stdout),
+                    String::from_utf8_lossy(&o.stderr)
+                ),
+            ),
+            Err(e) => (false, e.to_string()),
+        }
+    }
+
+    /// `vmtierctl --json status VM`, parsed.
+    pub fn status(&self, vm: &str) -> Option<VmStatus> {
+        let (ok, out) = self.ctl(&["--json", "status", vm]);
+        match serde_json::from_str::<Response>(out.lines().next()?).ok()? {
+            Response::Ok(Reply::Status(s)) if ok => Some(*s),
+            _ => None,
+        }
+    }
+
+    /// SIGTERM, then the exit code.
+    pub fn stop(&mut self) -> Option<i32> {
+        // SAFETY: kill(2) on our own child's pid; no memory is involved.
+        unsafe { libc::kill(i32::try_from(self.child.id()).unwrap_or(0), libc::SIGTERM) };
+        let t = Instant::now();
+        while t.elapsed() < Duration::from_secs(30) {
+            if let Ok(Some(st)) = self.child.try_wait() {
+                return st.code();
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        None
+    }
+}
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// One sample of where the guest's memory is.
+#[derive(Clone, Copy, Debug, Default)]
+struct Sample {
+    dram: u64,
+    cxl: u64,
+    hot_dram: u64,
+    old_hot_dram: u64,
+}
+
+fn sample(layout: &GuestMemoryLayout, hot: (u64, u64), old_hot: Option<(u64, u64)>) -> Sample {
+    let n0 = NodeId::new(0);
+    let all = residency(layout).unwrap_or_default();
+    Sample {
+        dram: all.on(n0),
+        cxl: all.on(NodeId::new(1)),
+        hot_dram: gpa_residency(layout, hot.0, hot.1).map_or(0, |r| r.on(n0)),
+        old_hot_dram: old_hot.map_or(0, |h| {
+            gpa_residency(layout, h.0, h.1).map_or(0, |r| r.on(n0))
+        }),
+    }
+}
+
+fn pct(part: u64, whole: u64) -> f64 {
+    #[allow(clippy::cast_precision_loss)]
+    let p = 100.0 * part as f64 / whole.max(1) as f64;
+    p
+}
+
+struct Run<'a> {
+    a: &'a DaemonArgs,
+    t0: Instant,
+    layout: GuestMemoryLayout,
+    d: Daemon,
+    g: Guest,
+}
+
+impl Run<'_> {
+    fn show(&mut self, phase: &str, s: &Sample, hot_bytes: u64) {
+        self.g.poll();
+        let ticks = self.d.status("guest").map_or(0, |st| st.metrics.ticks);
+        let line = format!(
+            "[{phase:<9}] t={:>5.1} s tick {ticks:>3}  DRAM {:>10}  CXL {:>10}  hot set in DRAM {:>5.1}%",
+            self.t0.elapsed().as_secs_f64(),
+            ByteSize(s.dram).to_string(),
+            ByteSize(s.cxl).to_string(),
+            pct(s.hot_dram, hot_bytes)
+        );
+        if self.a.demo {
+            print!("\r{line}   ");
+            let _ = std::io::stdout().flush();
+        } else {
+            println!("  {line}");
+        }
+    }
+
+    /// Samples once per tick until `done` holds or `max` ticks passed; returns the samples.
+    fn watch(
+        &mut self,
+        phase: &str,
+        hot: (u64, u64),
+        old: Option<(u64, u64)>,
+        max: u64,
+        done: &dyn Fn(&Sample) -> bool,
+    ) -> Vec<Sample> {
+        let mut out = Vec::new();
+        let tick = Duration::from_millis(self.a.interval_ms);
+        for _ in 0..max {
+            std::thread::sleep(tick);
+            let s = sample(&self.layout, hot, old);
+            self.show(phase, &s, hot.1);
+            out.push(s);
+            if done(&s) {
+                break;
+            }
+        }
+        if self.a.demo {
+            println!();
+        }
+        out
+    }
+}
+
+pub fn run(c: &mut Checks, a: &DaemonArgs) {
+    let dir = std::env::var("VMTIER_RUN")
+        .map_or_else(|_| std::env::temp_dir(), PathBuf::from)
+        .join("daemon");
+    let _ = std::fs::create_dir_all(&dir);
+    let mut append = format!("hot={}K report=1", a.hot.0 >> 10);
+    if let Some(s) = a.shift_after {
+        append += &format!(" shift_after={s}");
+    }
+    if a.demo {
+        println!(
+            "vmtier demo: a {} guest on the CXL node (node 1), hot set {}, DRAM budget {}",
+            a.ram, a.hot, a.budget
+        );
+        println!("(the tiered host is TCG-emulated: times are relative, compare them only with each other)");
+    }
+    let mut g = match Guest::start("qemu-system-x86_64", &a.elf, a.ram, 1, &append) {
+        Ok(g) => g,
+        Err(e) => return c.fatal("start QEMU", e),
+    };
+    let Some(start) = g.wait_for("WG start", Duration::from_secs(60)) else {
+        return c.fatal("guest starts", "no 'WG start'");
+    };
+    let hot = (
+        num(&start, "hot_start").unwrap_or(0),
+        num(&start, "hot_bytes").unwrap_or(0),
+    );
+    if g.wait_for("WG filled", Duration::from_secs(600)).is_none() {
+        return c.fatal("guest fills its RAM", "no 'WG filled'");
+    }
+    // Our own look at the layout, to measure from outside; the QMP connection is closed
+    // again before vmtierd connects (QEMU serves one QMP client at a time).
+    let layout = match QemuBackend::connect(&g.qmp, Duration::from_secs(10))
+        .and_then(|mut b| b.discover())
+    {
+        Ok(l) => l,
+        Err(e) => return c.fatal("locate guest RAM through QMP", e),
+    };
+    // Unix sockets cannot live on the 9p share that holds the run directory.
+    let socket = std::env::temp_dir().join(format!("vmtierd-{}.sock", std::process::id()));
+    let config = format!(
+        "[daemon]\nsocket = \"{}\"\ninterval_ms = {}\nrate_limit_mbps = 2000\nsource = \"{}\"\n\n\
+         [[vm]]\nname = \"guest\"\nqmp = \"{}\"\nbudget = \"{}K\"\n",
+        socket.display(),
+        a.interval_ms,
+        a.source,
+        g.qmp.display(),
+        a.budget.0 >> 10
+    );
+    let d = match Daemon::start(&dir, &socket, &config) {
+        Ok(d) => d,
+        Err(e) => return c.fatal("start vmtierd", e),
+    };
+    let log = d.log_text();
+    let source_line = log
+        .lines()
+        .find(|l| l.contains("hotness source:"))
+        .unwrap_or("")
+        .to_owned();
+    c.check(
+        source_line.contains("hotness source:"),
+        "vmtierd logs its hotness source",
+        source_line.trim(),
+    );
+    let (ok, list) = d.ctl(&["list"]);
+    c.check(
+        ok && list.contains("guest") && list.contains("active"),
+        "vmtierctl list shows the guest active",
+        list.lines().nth(1).unwrap_or(""),
+    );
+
+    let mut r = Run {
+        a,
+        t0: Instant::now(),
+        layout,
+        d,
+        g,
+    };
+    let before = sample(&r.layout, hot, None);
+
+    // Promotion: the hot set into DRAM, never above the budget.
+    let budget = a.budget.0;
+    let samples = r.watch("promote", hot, None, a.ticks + 2, &|s| {
+        s.hot_dram * 10 >= hot.1 * 9
+    });
+    let reached = samples
+        .iter()
+        .position(|s| s.hot_dram * 10 >= hot.1 * 9)
+        .map(|i| i + 1);
+    let max_dram = samples.iter().map(|s| s.dram).max().unwrap_or(0);
+    c.check(
+        reached.is_some_and(|t| t as u64 <= a.ticks),
+        "≥ 90% of the hot set reaches DRAM within the tick limit",
+        format!(
+            "after {reached:?} ticks (limit {}), {:.1} s (emulated)",
+            a.ticks,
+            r.t0.elapsed().as_secs_f64()
+        ),
+    );
+    c.check(
+        max_dram <= budget,
+        "DRAM use never exceeds the budget",
+        format!("max {} ≤ {}", ByteSize(max_dram), a.budget),
+    );
+    let promoted = sample(&r.layout, hot, None);
+
+    if let Some(_s) = a.shift_after {
+        let Some(shift) = r.g.seen_or_wait("WG hotshift", Duration::from_secs(300)) else {
+            return c.fatal("guest moves its hot set", "no 'WG hotshift'");
+        };
+        let new_hot = (num(&shift, "hot_start").unwrap_or(0), hot.1);
+        let samples = r.watch("follow", new_hot, Some(hot), a.ticks + 5, &|s| {
+            s.hot_dram * 10 >= new_hot.1 * 9
+        });
+        let last = samples.last().copied().unwrap_or_default();
+        c.check(
+            last.hot_dram * 10 >= new_hot.1 * 9,
+            "the new hot set reaches DRAM",
+            format!(
+                "{:.1}% after {} ticks",
+                pct(last.hot_dram, new_hot.1),
+                samples.len()
+            ),
+        );
+        c.check(
+            last.old_hot_dram <= budget.saturating_sub(last.hot_dram)
+                && last.old_hot_dram * 2 < hot.1,
+            "the old hot set leaves DRAM",
+            format!(
+                "{} of the old hot set still in DRAM",
+                ByteSize(last.old_hot_dram)
+            ),
+        );
+        c.check(
+            samples.iter().all(|s| s.dram <= budget),
+            "DRAM use stays within budget while following",
+            "",
+        );
+    }
+
+    let mut lowered = None;
+    if a.lower_budget.0 > 0 {
+        let (ok, out) = r.d.ctl(&[
+            "set-budget",
+            "guest",
+            &format!("{}K", a.lower_budget.0 >> 10),
+        ]);
+        c.check(ok, "vmtierctl set-budget", out.trim());
+        let low = a.lower_budget.0;
+        let samples = r.watch("demote", hot, None, 5, &|s| s.dram <= low);
+        let last = samples.last().copied().unwrap_or_default();
+        c.check(
+            last.dram <= low,
+            "DRAM use falls under the lowered budget within a few ticks",
+            format!(
+                "{} ≤ {} after {} ticks",
+                ByteSize(last.dram),
+                a.lower_budget,
+                samples.len()
+            ),
+        );
+        // Coldest first: what stays in DRAM is hot-set memory.
+        c.check(
+            last.hot_dram * 10 >= last.dram * 9,
+            "the coldest pages were demoted first",
+            format!(
+                "{} of {} left in DRAM is hot set",
+                ByteSize(last.hot_dram),
+                ByteSize(last.dram)
+            ),
+        );
+        lowered = Some(last);
+    }
+
+    let status = r.d.status("guest");
+    let (ok, human) = r.d.ctl(&["status", "guest"]);
+    c.check(
+        ok && status
+            .as_ref()
+            .is_some_and(|s| s.metrics.promoted_bytes > 0 && s.summary.state == "active"),
+        "vmtierctl status reports the migrations",
+        human
+            .lines()
+            .find(|l| l.contains("promoted"))
+            .unwrap_or("")
+            .trim(),
+    );
+
+    r.g.request_stop();
+    let done =
+        r.g.wait_for("WG done", Duration::from_secs(600))
+            .unwrap_or_default();
+    c.check(
+        num(&done, "corrupted") == Some(0),
+        "guest reports zero corrupted words",
+        &done,
+    );
+    let code = r.d.stop();
+    c.check(
+        code == Some(0),
+        "vmtierd stops cleanly on SIGTERM",
+        format!("{code:?}"),
+    );
+    let kdamonds_on = std::fs::read_dir("/sys/kernel/mm/damon/admin/kdamonds")
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter(|e| std::fs::read_to_string(e.path().join("state")).is_ok_and(|s| s.trim() == "on"))
+        .count();
+    c.check(
+        kdamonds_on == 0,
+        "no kdamond left running",
+        format!("{kdamonds_on} on"),
+    );
+
+    if a.demo {
+        let m = status.map(|s| s.metrics).unwrap_or_default();
+        let b = |x: u64| ByteSize(x).to_string();
+        println!();
+        println!(
+            "                         {:>12} {:>12} {:>12}",
+            "start", "promoted", "budget cut"
+        );
+        let low = lowered.unwrap_or(promoted);
+        println!(
+            "DRAM (node 0)            {:>12} {:>12} {:>12}",
+            b(before.dram),
+            b(promoted.dram),
+            b(low.dram)
+        );
+        println!(
+            "CXL (node 1)             {:>12} {:>12} {:>12}",
+            b(before.cxl),
+            b(promoted.cxl),
+            b(low.cxl)
+        );
+        println!(
+            "hot set in DRAM          {:>11.1}% {:>11.1}% {:>11.1}%",
+            pct(before.hot_dram, hot.1),
+            pct(promoted.hot_dram, hot.1),
+            pct(low.hot_dram, hot.1)
+        );
+        println!(
+            "budget                   {:>12} {:>12} {:>12}",
+            b(budget),
+            b(budget),
+            b(a.lower_budget.0)
+        );
+        println!();
+        println!(
+            "migrated: {} to DRAM, {} to CXL; guest: {}",
+            b(m.promoted_bytes),
+            b(m.demoted_bytes),
+            done
+        );
+    }
+}
