@@ -22,9 +22,10 @@ guest:
 	$(MAKE) -C tests/workload-guest O=$(TARGET)/workload-guest
 
 # The main job: the tiered host boots, the workload guest starts with its RAM on the CXL
-# node, and its per-node residency is shown live.
+# node, vmtierd manages it under a DRAM budget: the hot set moves into DRAM live, then the
+# budget is cut at runtime; a summary table ends it.
 demo: build
-	tests/testbed/run -- $(BIN)/tbcheck demo --elf $(GUEST)
+	tests/testbed/run -- $(BIN)/tbcheck daemon --elf $(GUEST) --demo
 
 # Everything: unit tests, lints, the guest's own smoke test, the testbed suite.
 test: build

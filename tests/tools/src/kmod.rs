@@ -176,7 +176,7 @@ impl Writer {
 
 /// Words other than the writer's that differ from the pattern.
 fn corrupted_except_writer(buf: &AnonBuf, writer_pages: usize) -> usize {
-    buf.words_mut()
+    buf.words()
         .iter()
         .enumerate()
         .filter(|&(i, &w)| !(i % 512 == 0 && i / 512 < writer_pages) && w != pattern(i))
@@ -471,8 +471,11 @@ fn final_checks(c: &mut Checks, base_iso: u64, base_free: [u64; 2]) {
     for n in [0u32, 1] {
         let now = node_free(n);
         let base = base_free[n as usize];
-        // Noise: per-CPU page lists, slab, page tables of the test itself.
-        let tol = 16 * MIB as u64;
+        // A coarse backstop: the exact leak check is the module's own page accounting
+        // above. Noise here (slab, page tables, per-CPU lists, 9p caches) was measured at
+        // up to 40 MiB between runs in the testbed; the test migrates hundreds of MiB in
+        // all, so leaking its destination pages would still show.
+        let tol = 48 * MIB as u64;
         c.check(
             now + tol >= base,
             &format!("node {n} free memory back to baseline (no leak)"),

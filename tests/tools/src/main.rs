@@ -4,7 +4,7 @@
 
 mod check;
 mod daemon;
-mod demo;
+mod faults;
 mod guest;
 mod kmod;
 mod kmod_bench;
@@ -33,10 +33,11 @@ enum Cmd {
     MovePages(mem::MovePagesArgs),
     /// Runs the workload guest under QEMU and moves its RAM between nodes while it runs.
     Guest(guest::GuestArgs),
-    /// The demo: guest RAM on CXL, live residency, hot set moved to DRAM.
-    Demo(demo::DemoArgs),
-    /// vmtierd end to end on the workload guest: promotion, budget cut, moving hot set.
+    /// vmtierd end to end on the workload guest: promotion, budget cut, moving hot set
+    /// (`--demo`: the demo's live view and summary table).
     Daemon(daemon::DaemonArgs),
+    /// vmtierd under faults and bad input.
+    DaemonFaults(faults::FaultsArgs),
     /// Hotness sources (DAMON fvaddr, soft-dirty) rank a hot buffer part above a cold one.
     Sources(sources::SourcesArgs),
     /// The vmtier kernel module: load, QUERY, integrity per engine, bad input, DMA faults.
@@ -54,8 +55,8 @@ fn main() -> ExitCode {
         Cmd::Tiers => sanity::tiers(&mut c),
         Cmd::MovePages(a) => mem::move_pages(&mut c, &a),
         Cmd::Guest(a) => guest::run(&mut c, &a),
-        Cmd::Demo(a) => demo::run(&mut c, &a),
         Cmd::Daemon(a) => daemon::run(&mut c, &a),
+        Cmd::DaemonFaults(a) => faults::run(&mut c, &a),
         Cmd::Kmod(a) => kmod::run(&mut c, &a),
         Cmd::KmodGuest(a) => kmod_guest::run(&mut c, &a),
         Cmd::KmodBench(a) => kmod_bench::run(&mut c, &a),

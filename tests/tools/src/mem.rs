@@ -56,6 +56,7 @@ impl AnonBuf {
         if unsafe { libc::madvise(start.cast(), len, advice) } != 0 {
             return Err(std::io::Error::last_os_error());
         }
+        let mut buf = buf;
         buf.mbind(Some(node))?;
         buf.words_mut()
             .iter_mut()
@@ -94,9 +95,16 @@ impl AnonBuf {
     }
 
     /// The buffer as 64-bit words.
-    pub fn words_mut(&self) -> &mut [u64] {
-        // SAFETY: start is 2 MiB aligned, the len bytes are mapped read-write for the life
-        // of self, and the test is single-threaded, so no other reference aliases them.
+    pub fn words(&self) -> &[u64] {
+        // SAFETY: start is 2 MiB aligned and the len bytes stay mapped for the life of self.
+        // Other threads may write through raw pointers (volatile, word-sized); readers only
+        // compare values.
+        unsafe { std::slice::from_raw_parts(self.start, self.len / 8) }
+    }
+
+    /// The buffer as mutable 64-bit words.
+    pub fn words_mut(&mut self) -> &mut [u64] {
+        // SAFETY: as in `words`; `&mut self` makes this the only reference.
         unsafe { std::slice::from_raw_parts_mut(self.start, self.len / 8) }
     }
 
@@ -112,7 +120,7 @@ impl AnonBuf {
 
     /// Words that differ from [`pattern`].
     pub fn corrupted_words(&self) -> usize {
-        self.words_mut()
+        self.words()
             .iter()
             .enumerate()
             .filter(|&(i, &w)| w != pattern(i))

@@ -58,7 +58,9 @@ impl PidBackend {
                 len,
                 backing,
             });
-            gpa = gpa.checked_add(len).ok_or(vmtier_core::layout::Error::Overflow(format!("range{i}")))?;
+            gpa = gpa
+                .checked_add(len)
+                .ok_or(vmtier_core::layout::Error::Overflow(format!("range{i}")))?;
         }
         Ok(GuestMemoryLayout::new(self.pid, out)?)
     }
@@ -89,10 +91,16 @@ mod tests {
         let ok = PidBackend::new(me, vec![(HostVirtAddr::new(start), 32 << 10)]);
         let l = ok.discover().unwrap();
         assert_eq!(l.total_bytes(), 32 << 10);
-        assert_eq!(l.translate(GuestPhysAddr(4096)), Some(HostVirtAddr::new(start + 4096)));
+        assert_eq!(
+            l.translate(GuestPhysAddr(4096)),
+            Some(HostVirtAddr::new(start + 4096))
+        );
         let unmapped = PidBackend::new(me, vec![(HostVirtAddr::new(0x1000), 4096)]);
         assert!(matches!(unmapped.discover(), Err(Error::NotMapped { .. })));
-        let gone = PidBackend::new(ProcessId::new(i32::MAX), vec![(HostVirtAddr::new(start), 4096)]);
+        let gone = PidBackend::new(
+            ProcessId::new(i32::MAX),
+            vec![(HostVirtAddr::new(start), 4096)],
+        );
         let mut gone_backend = gone.clone();
         assert!(matches!(gone_backend.layout(), Err(BackendError::Gone(_))));
     }

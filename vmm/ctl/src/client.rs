@@ -40,13 +40,17 @@ impl Client {
 
     /// Sends `req`; with `--json` prints the reply line verbatim, and returns the parsed reply.
     pub fn call(&self, req: &Request) -> Result<Reply, Error> {
-        let mut s = UnixStream::connect(&self.socket).map_err(|e| Error::Connect(self.socket.clone(), e))?;
-        s.set_read_timeout(Some(Duration::from_secs(30))).map_err(Error::Io)?;
+        let mut s = UnixStream::connect(&self.socket)
+            .map_err(|e| Error::Connect(self.socket.clone(), e))?;
+        s.set_read_timeout(Some(Duration::from_secs(30)))
+            .map_err(Error::Io)?;
         let mut line = serde_json::to_string(req).map_err(|e| Error::Reply(e.to_string()))?;
         line.push('\n');
         s.write_all(line.as_bytes()).map_err(Error::Io)?;
         let mut reply = String::new();
-        BufReader::new(&s).read_line(&mut reply).map_err(Error::Io)?;
+        BufReader::new(&s)
+            .read_line(&mut reply)
+            .map_err(Error::Io)?;
         if self.json {
             print!("{reply}");
         }

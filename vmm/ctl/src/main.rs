@@ -10,10 +10,17 @@ use std::process::ExitCode;
 use clap::{Parser, Subcommand};
 
 #[derive(Parser, Debug)]
-#[command(name = "vmtierctl", about = "Control vmtierd, the tiered memory manager for VMs")]
+#[command(
+    name = "vmtierctl",
+    about = "Control vmtierd, the tiered memory manager for VMs"
+)]
 struct Cli {
     /// vmtierd's control socket.
-    #[arg(long, env = "VMTIER_SOCKET", default_value = "/run/vmtier/vmtierd.sock")]
+    #[arg(
+        long,
+        env = "VMTIER_SOCKET",
+        default_value = "/run/vmtier/vmtierd.sock"
+    )]
     socket: PathBuf,
     /// Print the daemon's JSON reply instead of text.
     #[arg(long, global = true)]

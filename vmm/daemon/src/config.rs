@@ -114,10 +114,22 @@ impl VmConfig {
         match (&self.qmp, self.pid, self.ranges.is_empty()) {
             (Some(_), None, true) => Ok(()),
             (None, Some(_), false) => Ok(()),
-            (Some(_), Some(_), _) => Err(Error::Invalid(format!("VM {}: give either qmp or pid, not both", self.name))),
-            (Some(_), None, false) => Err(Error::Invalid(format!("VM {}: ranges only go with pid", self.name))),
-            (None, Some(_), true) => Err(Error::Invalid(format!("VM {}: pid needs ranges", self.name))),
-            (None, None, _) => Err(Error::Invalid(format!("VM {}: give qmp (a QEMU QMP socket) or pid + ranges", self.name))),
+            (Some(_), Some(_), _) => Err(Error::Invalid(format!(
+                "VM {}: give either qmp or pid, not both",
+                self.name
+            ))),
+            (Some(_), None, false) => Err(Error::Invalid(format!(
+                "VM {}: ranges only go with pid",
+                self.name
+            ))),
+            (None, Some(_), true) => Err(Error::Invalid(format!(
+                "VM {}: pid needs ranges",
+                self.name
+            ))),
+            (None, None, _) => Err(Error::Invalid(format!(
+                "VM {}: give qmp (a QEMU QMP socket) or pid + ranges",
+                self.name
+            ))),
         }
     }
 }
@@ -125,7 +137,7 @@ impl VmConfig {
 impl Config {
     /// Parses and validates TOML text.
     pub fn parse(text: &str) -> Result<Self, Error> {
-        let cfg: Config = toml::from_str(text).map_err(|e| Error::Parse(e.to_string().trim_end().to_owned()))?;
+        let cfg: Config = toml::from_str(text).map_err(|e| Error::Parse(one_line(text, &e)))?;
         cfg.validate()?;
         Ok(cfg)
     }
@@ -139,28 +151,43 @@ impl Config {
     /// A fresh instance of the configured policy (one per VM: policies keep state).
     pub fn build_policy(
         &self,
-    ) -> Result<Box<dyn vmtier_core::policy::PlacementPolicy>, vmtier_policies::registry::Error> {
+    ) -> Result<Box<dyn vmtier_core::policy::PlacementPolicy>, vmtier_policies::registry::Error>
+    {
         let params = &self.daemon.policy_params;
-        vmtier_policies::registry::build(&self.daemon.policy, (!params.is_empty()).then_some(params))
+        vmtier_policies::registry::build(
+            &self.daemon.policy,
+            (!params.is_empty()).then_some(params),
+        )
     }
 
     fn validate(&self) -> Result<(), Error> {
         let d = &self.daemon;
         let g = d.granule.0;
         if !(4096..=2 << 20).contains(&g) || !g.is_power_of_two() {
-            return Err(Error::Invalid(format!("granule {} is not a power of two from 4 KiB to 2 MiB", d.granule)));
+            return Err(Error::Invalid(format!(
+                "granule {} is not a power of two from 4 KiB to 2 MiB",
+                d.granule
+            )));
         }
         if d.interval_ms == 0 {
             return Err(Error::Invalid("interval_ms must be positive".into()));
         }
         if d.fast_node == d.slow_node {
-            return Err(Error::Invalid(format!("fast_node and slow_node are both {}", d.fast_node)));
+            return Err(Error::Invalid(format!(
+                "fast_node and slow_node are both {}",
+                d.fast_node
+            )));
         }
         if !["auto", "damon-vaddr", "soft-dirty"].contains(&d.source.as_str()) {
-            return Err(Error::Invalid(format!("source {:?}: expected auto, damon-vaddr or soft-dirty", d.source)));
+            return Err(Error::Invalid(format!(
+                "source {:?}: expected auto, damon-vaddr or soft-dirty",
+                d.source
+            )));
         }
         self.build_policy().map_err(|e| {
-            let detail = std::error::Error::source(&e).map(|s| format!(": {s}")).unwrap_or_default();
+            let detail = std::error::Error::source(&e)
+                .map(|s| format!(": {s}"))
+                .unwrap_or_default();
             Error::Invalid(format!("{e}{detail}"))
         })?;
         let mut names: Vec<&VmId> = self.vms.iter().map(|v| &v.name).collect();
@@ -169,6 +196,20 @@ impl Config {
             return Err(Error::Invalid(format!("VM {} is configured twice", w[0])));
         }
         self.vms.iter().try_for_each(VmConfig::validate)
+    }
+}
+
+/// A TOML error as one line: `line 2, column 1: unknown field ...`.
+fn one_line(text: &str, e: &toml::de::Error) -> String {
+    let msg = e.message().trim_end().replace('\n', " ");
+    match e.span() {
+        Some(span) => {
+            let before = &text[..span.start.min(text.len())];
+            let line = before.matches('\n').count() + 1;
+            let column = before.len() - before.rfind('\n').map_or(0, |i| i + 1) + 1;
+            format!("line {line}, column {column}: {msg}")
+        }
+        None => msg,
     }
 }
 
@@ -192,7 +233,9 @@ mod hex_addr {
         match Repr::deserialize(d)? {
             Repr::Int(v) => Ok(HostVirtAddr::new(v)),
             Repr::Text(t) => {
-                let hex = t.strip_prefix("0x").ok_or_else(|| de::Error::custom(format!("address {t:?} must start with 0x")))?;
+                let hex = t.strip_prefix("0x").ok_or_else(|| {
+                    de::Error::custom(format!("address {t:?} must start with 0x"))
+                })?;
                 u64::from_str_radix(hex, 16)
                     .map(HostVirtAddr::new)
                     .map_err(|_| de::Error::custom(format!("address {t:?} is not hexadecimal")))
@@ -232,14 +275,17 @@ mod tests {
         assert_eq!(cfg.daemon.granule, ByteSize(4096));
         assert_eq!(cfg.daemon.policy, "default");
         assert_eq!(cfg.vms.len(), 2);
-        assert_eq!(cfg.vms[1].ranges[0].start, HostVirtAddr::new(0x7f00_0000_0000));
+        assert_eq!(
+            cfg.vms[1].ranges[0].start,
+            HostVirtAddr::new(0x7f00_0000_0000)
+        );
         assert_eq!(cfg.vms[1].budget, ByteSize(1 << 30));
     }
 
     #[test]
     fn bad_configs_are_refused_with_a_reason() {
         let cases = [
-            ("[daemon]\nintervall_ms = 5\n", "unknown field"),
+            ("[daemon]\nintervall_ms = 5\n", "line 2, column 1: unknown field `intervall_ms`"),
             ("[daemon]\ngranule = \"3M\"\n", "granule"),
             ("[daemon]\ngranule = \"lots\"\n", "Invalid size"),
             ("[daemon]\nfast_node = 1\n", "both 1"),
@@ -260,10 +306,31 @@ mod tests {
     }
 
     #[test]
+    fn the_commented_example_parses_and_states_the_defaults() {
+        let text = include_str!("../vmtierd.example.toml");
+        let cfg = Config::parse(text).unwrap();
+        let mut d = cfg.daemon.clone();
+        d.policy_params = toml::Table::new();
+        assert_eq!(
+            d,
+            DaemonConfig::default(),
+            "the example's [daemon] values are the defaults"
+        );
+        assert_eq!(cfg.vms.len(), 2);
+    }
+
+    #[test]
     fn defaults_are_documented_values() {
         let d = DaemonConfig::default();
         assert_eq!(
-            (d.interval_ms, d.fast_node.raw(), d.slow_node.raw(), d.rate_limit_mbps, d.granule.0, d.refresh_ticks),
+            (
+                d.interval_ms,
+                d.fast_node.raw(),
+                d.slow_node.raw(),
+                d.rate_limit_mbps,
+                d.granule.0,
+                d.refresh_ticks
+            ),
             (1000, 0, 1, 256, 2 << 20, 10)
         );
     }

@@ -19,7 +19,10 @@ use vmtier_core::migrate::{
     Error as MigrateError, Migrator, PageLocation, PageLocator, PageOutcome, PageRef,
 };
 use vmtier_core::policy::{Granule, PlacementPolicy, PolicyInput, Tier};
-use vmtier_core::{error_chain as err_chain, ByteSize, GuestMemoryLayout, HostVirtAddr, NodeId, PageSize, RegionAccess, VmId};
+use vmtier_core::{
+    error_chain as err_chain, ByteSize, GuestMemoryLayout, HostVirtAddr, NodeId, PageSize,
+    RegionAccess, VmId,
+};
 use vmtier_sources::store::{HotnessStore, StoreConfig, HISTOGRAM_BUCKETS};
 
 use crate::proto::{NodeBytes, Reply, Request, Response, VmMetrics, VmStatus, VmSummary};
@@ -93,7 +96,10 @@ pub struct VmParts {
 
 impl std::fmt::Debug for VmParts {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("VmParts").field("backend", &self.backend.describe()).field("policy", &self.policy.name()).finish_non_exhaustive()
+        f.debug_struct("VmParts")
+            .field("backend", &self.backend.describe())
+            .field("policy", &self.policy.name())
+            .finish_non_exhaustive()
     }
 }
 
@@ -146,14 +152,26 @@ pub struct Engine {
 
 impl std::fmt::Debug for Engine {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Engine").field("cfg", &self.cfg).field("vms", &self.vms.keys().collect::<Vec<_>>()).finish()
+        f.debug_struct("Engine")
+            .field("cfg", &self.cfg)
+            .field("vms", &self.vms.keys().collect::<Vec<_>>())
+            .finish()
     }
 }
 
 impl Engine {
     /// An engine with no VMs.
-    pub fn new(cfg: EngineConfig, migrator: Box<dyn Migrator>, locator: Box<dyn PageLocator>) -> Self {
-        Self { cfg, vms: BTreeMap::new(), migrator, locator }
+    pub fn new(
+        cfg: EngineConfig,
+        migrator: Box<dyn Migrator>,
+        locator: Box<dyn PageLocator>,
+    ) -> Self {
+        Self {
+            cfg,
+            vms: BTreeMap::new(),
+            migrator,
+            locator,
+        }
     }
 
     /// The configuration.
@@ -173,16 +191,30 @@ impl Engine {
     }
 
     /// Starts managing a VM: reads its layout, starts its source, learns where its pages are.
-    pub fn attach(&mut self, name: VmId, budget: ByteSize, parts: VmParts) -> Result<String, Error> {
+    pub fn attach(
+        &mut self,
+        name: VmId,
+        budget: ByteSize,
+        parts: VmParts,
+    ) -> Result<String, Error> {
         if self.vms.contains_key(&name) {
             return Err(Error::Exists(name));
         }
         self.check_budget(&name, budget)?;
-        let VmParts { mut backend, source, policy } = parts;
-        let layout = backend.layout().map_err(|e| Error::Backend(name.clone(), e))?;
+        let VmParts {
+            mut backend,
+            source,
+            policy,
+        } = parts;
+        let layout = backend
+            .layout()
+            .map_err(|e| Error::Backend(name.clone(), e))?;
         let store = HotnessStore::new(
             &layout,
-            StoreConfig { granule_bytes: self.cfg.granule_bytes, ..StoreConfig::default() },
+            StoreConfig {
+                granule_bytes: self.cfg.granule_bytes,
+                ..StoreConfig::default()
+            },
         )
         .map_err(|e| Error::Store(name.clone(), e))?;
         let (source, reason) = source(&layout).map_err(|e| Error::Source(name.clone(), e))?;
@@ -193,7 +225,11 @@ impl Engine {
             layout.ranges.len(),
             policy.name()
         );
-        let parts = Attached { backend, source, policy };
+        let parts = Attached {
+            backend,
+            source,
+            policy,
+        };
         let mut vm = Vm {
             parts,
             layout,
@@ -209,14 +245,20 @@ impl Engine {
             vm.parts.source.detach();
             return Err(Error::Attach(name, err_chain(&e)));
         }
-        let msg = format!("Attached {name}: {} guest RAM, budget {budget}", ByteSize(vm.layout.total_bytes()));
+        let msg = format!(
+            "Attached {name}: {} guest RAM, budget {budget}",
+            ByteSize(vm.layout.total_bytes())
+        );
         self.vms.insert(name, vm);
         Ok(msg)
     }
 
     /// Stops managing a VM.
     pub fn detach(&mut self, name: &VmId) -> Result<String, Error> {
-        let mut vm = self.vms.remove(name).ok_or_else(|| Error::NoSuchVm(name.clone()))?;
+        let mut vm = self
+            .vms
+            .remove(name)
+            .ok_or_else(|| Error::NoSuchVm(name.clone()))?;
         vm.parts.source.detach();
         info!("{name}: detached");
         Ok(format!("Detached {name}"))
@@ -225,7 +267,10 @@ impl Engine {
     /// Changes a VM's budget; the next tick enforces it.
     pub fn set_budget(&mut self, name: &VmId, budget: ByteSize) -> Result<String, Error> {
         self.check_budget(name, budget)?;
-        let vm = self.vms.get_mut(name).ok_or_else(|| Error::NoSuchVm(name.clone()))?;
+        let vm = self
+            .vms
+            .get_mut(name)
+            .ok_or_else(|| Error::NoSuchVm(name.clone()))?;
         info!("{name}: budget {} -> {budget}", ByteSize(vm.budget_bytes));
         vm.budget_bytes = budget.0;
         Ok(format!("Budget of {name} set to {budget}"))
@@ -238,9 +283,18 @@ impl Engine {
 
     /// Runs one tick over every active VM.
     pub fn tick(&mut self) {
-        let active = self.vms.values().filter(|v| !matches!(v.state, VmState::Failed(_))).count().max(1) as u64;
+        let active = self
+            .vms
+            .values()
+            .filter(|v| !matches!(v.state, VmState::Failed(_)))
+            .count()
+            .max(1) as u64;
         let tick_s = self.cfg.interval.as_secs_f64();
-        #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss, clippy::cast_precision_loss)]
+        #[allow(
+            clippy::cast_possible_truncation,
+            clippy::cast_sign_loss,
+            clippy::cast_precision_loss
+        )]
         let bytes_per_vm = (self.cfg.rate_limit_bytes_per_s as f64 * tick_s) as u64 / active;
         let max_moves = (bytes_per_vm / self.cfg.granule_bytes).max(1);
         for (name, vm) in &mut self.vms {
@@ -248,7 +302,13 @@ impl Engine {
                 continue;
             }
             let t = Instant::now();
-            if let Err(reason) = tick_vm(&self.cfg, self.migrator.as_mut(), self.locator.as_mut(), vm, max_moves) {
+            if let Err(reason) = tick_vm(
+                &self.cfg,
+                self.migrator.as_mut(),
+                self.locator.as_mut(),
+                vm,
+                max_moves,
+            ) {
                 warn!("{name}: no longer managed: {reason}");
                 vm.parts.source.detach();
                 vm.state = VmState::Failed(reason);
@@ -259,7 +319,10 @@ impl Engine {
 
     /// Status of one VM.
     pub fn status(&self, name: &VmId) -> Result<VmStatus, Error> {
-        let vm = self.vms.get(name).ok_or_else(|| Error::NoSuchVm(name.clone()))?;
+        let vm = self
+            .vms
+            .get(name)
+            .ok_or_else(|| Error::NoSuchVm(name.clone()))?;
         let h = vm.store.histogram();
         let g = self.cfg.granule_bytes;
         Ok(VmStatus {
@@ -269,20 +332,36 @@ impl Engine {
             policy: vm.parts.policy.name().into(),
             granule_bytes: g,
             per_node: vm.per_node.clone(),
-            heat_histogram: (0..HISTOGRAM_BUCKETS).map(|b| (h.fast[b] + h.slow[b]) * g).collect(),
+            heat_histogram: (0..HISTOGRAM_BUCKETS)
+                .map(|b| (h.fast[b] + h.slow[b]) * g)
+                .collect(),
             metrics: vm.metrics,
         })
     }
 
     /// Handles one control request between ticks.
-    pub fn handle(&mut self, req: Request, build: &mut dyn FnMut(&crate::config::VmConfig) -> Result<VmParts, String>) -> Response {
+    pub fn handle(
+        &mut self,
+        req: Request,
+        build: &mut dyn FnMut(&crate::config::VmConfig) -> Result<VmParts, String>,
+    ) -> Response {
         let r = match req {
-            Request::List {} => Ok(Reply::List { vms: self.vms.iter().map(|(n, v)| summary(n, v)).collect() }),
+            Request::List {} => Ok(Reply::List {
+                vms: self.vms.iter().map(|(n, v)| summary(n, v)).collect(),
+            }),
             Request::Status { vm } => self.status(&vm).map(|s| Reply::Status(Box::new(s))),
-            Request::SetBudget { vm, budget } => self.set_budget(&vm, budget).map(|message| Reply::Done { message }),
+            Request::SetBudget { vm, budget } => self
+                .set_budget(&vm, budget)
+                .map(|message| Reply::Done { message }),
             Request::Detach { vm } => self.detach(&vm).map(|message| Reply::Done { message }),
-            Request::Attach { vm } => match vm.validate().map_err(|e| e.to_string()).and_then(|()| build(&vm)) {
-                Ok(parts) => self.attach(vm.name.clone(), vm.budget, parts).map(|message| Reply::Done { message }),
+            Request::Attach { vm } => match vm
+                .validate()
+                .map_err(|e| e.to_string())
+                .and_then(|()| build(&vm))
+            {
+                Ok(parts) => self
+                    .attach(vm.name.clone(), vm.budget, parts)
+                    .map(|message| Reply::Done { message }),
                 Err(reason) => Err(Error::Attach(vm.name.clone(), reason)),
             },
         };
@@ -310,14 +389,25 @@ fn granule_pages(store: &HotnessStore, g: Granule, out: &mut Vec<PageRef>) -> us
     let Some(span) = store.span(g) else { return 0 };
     let page = PageSize::Base.bytes();
     let n = span.len / page;
-    out.extend((0..n).filter_map(|i| span.hva.checked_add(i * page)).map(|addr| PageRef { addr, size: PageSize::Base }));
+    out.extend(
+        (0..n)
+            .filter_map(|i| span.hva.checked_add(i * page))
+            .map(|addr| PageRef {
+                addr,
+                size: PageSize::Base,
+            }),
+    );
     usize::try_from(n).unwrap_or(0)
 }
 
 /// Re-reads where every page is; updates the store's tiers and the per-node bytes.
 /// A granule counts as fast if any of its pages is on the fast node (conservative for the
 /// budget). Pages are located in chunks of about [`REFRESH_CHUNK`] addresses.
-fn refresh_placement(cfg: &EngineConfig, locator: &mut dyn PageLocator, vm: &mut Vm) -> Result<(), MigrateError> {
+fn refresh_placement(
+    cfg: &EngineConfig,
+    locator: &mut dyn PageLocator,
+    vm: &mut Vm,
+) -> Result<(), MigrateError> {
     let page = PageSize::Base.bytes();
     let mut addrs: Vec<HostVirtAddr> = Vec::with_capacity(REFRESH_CHUNK);
     let mut ends: Vec<(Granule, usize)> = Vec::new();
@@ -348,10 +438,14 @@ fn refresh_placement(cfg: &EngineConfig, locator: &mut dyn PageLocator, vm: &mut
                 }
             }
             at = end;
-            vm.store.set_tier(g, if fast { Tier::Fast } else { Tier::Slow });
+            vm.store
+                .set_tier(g, if fast { Tier::Fast } else { Tier::Slow });
         }
     }
-    vm.per_node = per_node.into_iter().map(|(node, bytes)| NodeBytes { node, bytes }).collect();
+    vm.per_node = per_node
+        .into_iter()
+        .map(|(node, bytes)| NodeBytes { node, bytes })
+        .collect();
     Ok(())
 }
 
@@ -359,7 +453,13 @@ fn refresh_placement(cfg: &EngineConfig, locator: &mut dyn PageLocator, vm: &mut
 const REFRESH_CHUNK: usize = 1 << 16;
 
 /// One tick of one VM. `Err` = the VM cannot be managed any more.
-fn tick_vm(cfg: &EngineConfig, migrator: &mut dyn Migrator, locator: &mut dyn PageLocator, vm: &mut Vm, max_moves: u64) -> Result<(), String> {
+fn tick_vm(
+    cfg: &EngineConfig,
+    migrator: &mut dyn Migrator,
+    locator: &mut dyn PageLocator,
+    vm: &mut Vm,
+    max_moves: u64,
+) -> Result<(), String> {
     vm.tick += 1;
     vm.metrics.ticks += 1;
     vm.store.tick();
@@ -395,12 +495,19 @@ fn tick_vm(cfg: &EngineConfig, migrator: &mut dyn Migrator, locator: &mut dyn Pa
             .collect();
         extra.sort_by_key(|e| e.0);
         let need = fast_used - demote.len() as u64 - budget;
-        demote.extend(extra.into_iter().take(usize::try_from(need).unwrap_or(usize::MAX)).map(|e| e.1));
+        demote.extend(
+            extra
+                .into_iter()
+                .take(usize::try_from(need).unwrap_or(usize::MAX))
+                .map(|e| e.1),
+        );
     }
     let over = fast_used.saturating_sub(budget);
     // Over budget, demotions ignore the rate limit: the budget is a hard limit.
     let demote_cap = max_moves.max(over);
-    let demote_n = demote.len().min(usize::try_from(demote_cap).unwrap_or(usize::MAX));
+    let demote_n = demote
+        .len()
+        .min(usize::try_from(demote_cap).unwrap_or(usize::MAX));
     vm.metrics.deferred_granules += (demote.len() - demote_n) as u64;
     demote.truncate(demote_n);
     let demoted = move_granules(migrator, vm, &demote, cfg.slow_node, Tier::Slow)?;
@@ -409,7 +516,9 @@ fn tick_vm(cfg: &EngineConfig, migrator: &mut dyn Migrator, locator: &mut dyn Pa
     // Promotions while there is room and rate left.
     let room = budget.saturating_sub(fast_used);
     let moves_left = max_moves.saturating_sub(demote.len() as u64);
-    let n = usize::try_from(room.min(moves_left)).unwrap_or(usize::MAX).min(plan.promote.len());
+    let n = usize::try_from(room.min(moves_left))
+        .unwrap_or(usize::MAX)
+        .min(plan.promote.len());
     vm.metrics.deferred_granules += (plan.promote.len() - n) as u64;
     let promote: Vec<Granule> = plan.promote[..n].to_vec();
     move_granules(migrator, vm, &promote, cfg.fast_node, Tier::Fast)?;
@@ -426,7 +535,13 @@ fn tick_vm(cfg: &EngineConfig, migrator: &mut dyn Migrator, locator: &mut dyn Pa
 }
 
 /// Moves granules to `node`; returns how many now count as on `tier`.
-fn move_granules(migrator: &mut dyn Migrator, vm: &mut Vm, granules: &[Granule], node: NodeId, tier: Tier) -> Result<u64, String> {
+fn move_granules(
+    migrator: &mut dyn Migrator,
+    vm: &mut Vm,
+    granules: &[Granule],
+    node: NodeId,
+    tier: Tier,
+) -> Result<u64, String> {
     if granules.is_empty() {
         return Ok(0);
     }
@@ -452,8 +567,14 @@ fn move_granules(migrator: &mut dyn Migrator, vm: &mut Vm, granules: &[Granule],
     for (&g, &n) in granules.iter().zip(&counts) {
         let outcomes = &report.outcomes[at..at + n];
         at += n;
-        let on = outcomes.iter().filter(|o| **o == PageOutcome::OnTarget).count();
-        let absent = outcomes.iter().filter(|o| **o == PageOutcome::NotPresent).count();
+        let on = outcomes
+            .iter()
+            .filter(|o| **o == PageOutcome::OnTarget)
+            .count();
+        let absent = outcomes
+            .iter()
+            .filter(|o| **o == PageOutcome::NotPresent)
+            .count();
         let busy = outcomes.iter().filter(|o| **o == PageOutcome::Busy).count();
         vm.metrics.busy_pages += busy as u64;
         vm.metrics.failed_pages += (n - on - absent - busy) as u64;
@@ -532,8 +653,16 @@ mod tests {
                 return Err(SourceError::Gone);
             }
             let (off, len) = *self.hot.lock().unwrap();
-            out.push(RegionAccess { start: HostVirtAddr::new(BASE), len: self.len, freq: 0 });
-            out.push(RegionAccess { start: HostVirtAddr::new(BASE + off), len, freq: 255 });
+            out.push(RegionAccess {
+                start: HostVirtAddr::new(BASE),
+                len: self.len,
+                freq: 0,
+            });
+            out.push(RegionAccess {
+                start: HostVirtAddr::new(BASE + off),
+                len,
+                freq: 255,
+            });
             Ok(())
         }
         fn detach(&mut self) {}
@@ -544,7 +673,12 @@ mod tests {
         fn name(&self) -> &'static str {
             "fake"
         }
-        fn migrate(&mut self, pid: ProcessId, pages: &[PageRef], target: NodeId) -> Result<MigrationReport, MigrateError> {
+        fn migrate(
+            &mut self,
+            pid: ProcessId,
+            pages: &[PageRef],
+            target: NodeId,
+        ) -> Result<MigrationReport, MigrateError> {
             let mut w = self.0.lock().unwrap();
             if w.dead.contains(&pid.raw()) {
                 return Err(MigrateError::ProcessGone(pid));
@@ -559,16 +693,28 @@ mod tests {
                     None => PageOutcome::Fault,
                 })
                 .collect();
-            Ok(MigrationReport { outcomes, ..Default::default() })
+            Ok(MigrationReport {
+                outcomes,
+                ..Default::default()
+            })
         }
     }
     impl PageLocator for FakeMm {
-        fn locate(&mut self, pid: ProcessId, addrs: &[HostVirtAddr], out: &mut Vec<PageLocation>) -> Result<(), MigrateError> {
+        fn locate(
+            &mut self,
+            pid: ProcessId,
+            addrs: &[HostVirtAddr],
+            out: &mut Vec<PageLocation>,
+        ) -> Result<(), MigrateError> {
             let w = self.0.lock().unwrap();
             if w.dead.contains(&pid.raw()) {
                 return Err(MigrateError::ProcessGone(pid));
             }
-            out.extend(addrs.iter().map(|a| w.node.get(&(pid.raw(), a.raw())).map_or(PageLocation::Unknown, |n| PageLocation::On(*n))));
+            out.extend(addrs.iter().map(|a| {
+                w.node
+                    .get(&(pid.raw(), a.raw()))
+                    .map_or(PageLocation::Unknown, |n| PageLocation::On(*n))
+            }));
             Ok(())
         }
     }
@@ -582,11 +728,18 @@ mod tests {
 
     fn add_process(w: &World, pid: i32, len: u64) {
         let mut g = w.lock().unwrap();
-        g.node.extend((0..len / 4096).map(|i| ((pid, BASE + i * 4096), NodeId::new(1))));
+        g.node
+            .extend((0..len / 4096).map(|i| ((pid, BASE + i * 4096), NodeId::new(1))));
     }
 
     fn dram_bytes(w: &World) -> u64 {
-        w.lock().unwrap().node.iter().filter(|(k, n)| k.0 == 7 && n.raw() == 0).count() as u64 * 4096
+        w.lock()
+            .unwrap()
+            .node
+            .iter()
+            .filter(|(k, n)| k.0 == 7 && n.raw() == 0)
+            .count() as u64
+            * 4096
     }
 
     fn engine(w: &World, rate_mbps: u64) -> Engine {
@@ -599,7 +752,11 @@ mod tests {
             refresh_ticks: 5,
             fast_node_bytes: Some(1 << 30),
         };
-        Engine::new(cfg, Box::new(FakeMm(w.clone())), Box::new(FakeMm(w.clone())))
+        Engine::new(
+            cfg,
+            Box::new(FakeMm(w.clone())),
+            Box::new(FakeMm(w.clone())),
+        )
     }
 
     fn parts(w: &World, len: u64, hot: &Arc<Mutex<(u64, u64)>>) -> VmParts {
@@ -609,20 +766,39 @@ mod tests {
     fn parts_of(w: &World, pid: i32, len: u64, hot: &Arc<Mutex<(u64, u64)>>) -> VmParts {
         let layout = GuestMemoryLayout::new(
             ProcessId::new(pid),
-            vec![GuestRamRange { name: "ram".into(), gpa: GuestPhysAddr(0), hva: HostVirtAddr::new(BASE), len, backing: Backing::PrivateAnon }],
+            vec![GuestRamRange {
+                name: "ram".into(),
+                gpa: GuestPhysAddr(0),
+                hva: HostVirtAddr::new(BASE),
+                len,
+                backing: Backing::PrivateAnon,
+            }],
         )
         .unwrap();
-        let src = FakeSource { world: w.clone(), pid, hot: hot.clone(), len };
+        let src = FakeSource {
+            world: w.clone(),
+            pid,
+            hot: hot.clone(),
+            len,
+        };
         VmParts {
             backend: Box::new(FakeBackend(layout)),
-            source: Box::new(move |_| Ok((Box::new(src) as Box<dyn HotnessSource>, "fake source".into()))),
+            source: Box::new(move |_| {
+                Ok((
+                    Box::new(src) as Box<dyn HotnessSource>,
+                    "fake source".into(),
+                ))
+            }),
             policy: vmtier_policies::registry::build("default", None).unwrap(),
         }
     }
 
     fn hot_in_dram(w: &World, off: u64, len: u64) -> u64 {
         let g = w.lock().unwrap();
-        (0..len / 4096).filter(|i| g.node[&(7, BASE + off + i * 4096)].raw() == 0).count() as u64 * 4096
+        (0..len / 4096)
+            .filter(|i| g.node[&(7, BASE + off + i * 4096)].raw() == 0)
+            .count() as u64
+            * 4096
     }
 
     #[test]
@@ -632,11 +808,16 @@ mod tests {
         let hot = Arc::new(Mutex::new((64 * MIB, 32 * MIB)));
         let mut e = engine(&w, 1000);
         let vm: VmId = "g".parse().unwrap();
-        e.attach(vm.clone(), ByteSize(64 * MIB), parts(&w, len, &hot)).unwrap();
+        e.attach(vm.clone(), ByteSize(64 * MIB), parts(&w, len, &hot))
+            .unwrap();
         let mut ticks_to_90 = None;
         for t in 1..=10 {
             e.tick();
-            assert!(dram_bytes(&w) <= 64 * MIB, "tick {t}: {} in DRAM", dram_bytes(&w));
+            assert!(
+                dram_bytes(&w) <= 64 * MIB,
+                "tick {t}: {} in DRAM",
+                dram_bytes(&w)
+            );
             if ticks_to_90.is_none() && hot_in_dram(&w, 64 * MIB, 32 * MIB) * 10 >= 32 * MIB * 9 {
                 ticks_to_90 = Some(t);
             }
@@ -647,7 +828,11 @@ mod tests {
         e.tick();
         assert!(dram_bytes(&w) <= 16 * MIB, "{}", dram_bytes(&w));
         let st = e.status(&vm).unwrap();
-        assert!(st.metrics.promoted_bytes >= 32 * MIB && st.metrics.demoted_bytes > 0, "{:?}", st.metrics);
+        assert!(
+            st.metrics.promoted_bytes >= 32 * MIB && st.metrics.demoted_bytes > 0,
+            "{:?}",
+            st.metrics
+        );
         assert!(st.summary.fast_bytes <= 16 * MIB);
     }
 
@@ -657,7 +842,12 @@ mod tests {
         let w = world(len);
         let hot = Arc::new(Mutex::new((0, 16 * MIB)));
         let mut e = engine(&w, 1000);
-        e.attach("g".parse().unwrap(), ByteSize(24 * MIB), parts(&w, len, &hot)).unwrap();
+        e.attach(
+            "g".parse().unwrap(),
+            ByteSize(24 * MIB),
+            parts(&w, len, &hot),
+        )
+        .unwrap();
         for _ in 0..6 {
             e.tick();
         }
@@ -679,7 +869,8 @@ mod tests {
         // 4 MB/s with 1 s ticks: one 2 MiB granule per tick.
         let mut e = engine(&w, 4);
         let vm: VmId = "g".parse().unwrap();
-        e.attach(vm.clone(), ByteSize(64 * MIB), parts(&w, len, &hot)).unwrap();
+        e.attach(vm.clone(), ByteSize(64 * MIB), parts(&w, len, &hot))
+            .unwrap();
         for t in 1..=3 {
             e.tick();
             assert_eq!(dram_bytes(&w), t * 2 * MIB, "tick {t}");
@@ -694,19 +885,49 @@ mod tests {
         add_process(&w, 8, len);
         let hot = Arc::new(Mutex::new((0, 8 * MIB)));
         let mut e = engine(&w, 1000);
-        e.attach("a".parse().unwrap(), ByteSize(16 * MIB), parts_of(&w, 7, len, &hot)).unwrap();
-        e.attach("b".parse().unwrap(), ByteSize(16 * MIB), parts_of(&w, 8, len, &hot)).unwrap();
+        e.attach(
+            "a".parse().unwrap(),
+            ByteSize(16 * MIB),
+            parts_of(&w, 7, len, &hot),
+        )
+        .unwrap();
+        e.attach(
+            "b".parse().unwrap(),
+            ByteSize(16 * MIB),
+            parts_of(&w, 8, len, &hot),
+        )
+        .unwrap();
         w.lock().unwrap().dead.push(7);
         e.tick();
         let a = e.status(&"a".parse().unwrap()).unwrap();
         assert!(a.summary.state.starts_with("failed"), "{}", a.summary.state);
-        assert_eq!(e.status(&"b".parse().unwrap()).unwrap().summary.state, "active");
+        assert_eq!(
+            e.status(&"b".parse().unwrap()).unwrap().summary.state,
+            "active"
+        );
 
-        let mut no_build = |_: &crate::config::VmConfig| -> Result<VmParts, String> { Err("unused".into()) };
+        let mut no_build =
+            |_: &crate::config::VmConfig| -> Result<VmParts, String> { Err("unused".into()) };
         let cases = [
-            (Request::Status { vm: "zz".parse().unwrap() }, "No VM named zz"),
-            (Request::SetBudget { vm: "b".parse().unwrap(), budget: ByteSize(4 << 30) }, "exceeds the DRAM node"),
-            (Request::Detach { vm: "zz".parse().unwrap() }, "No VM named zz"),
+            (
+                Request::Status {
+                    vm: "zz".parse().unwrap(),
+                },
+                "No VM named zz",
+            ),
+            (
+                Request::SetBudget {
+                    vm: "b".parse().unwrap(),
+                    budget: ByteSize(4 << 30),
+                },
+                "exceeds the DRAM node",
+            ),
+            (
+                Request::Detach {
+                    vm: "zz".parse().unwrap(),
+                },
+                "No VM named zz",
+            ),
         ];
         for (req, want) in cases {
             match e.handle(req, &mut no_build) {
@@ -714,8 +935,18 @@ mod tests {
                 r => panic!("{r:?}"),
             }
         }
-        assert_eq!(e.status(&"b".parse().unwrap()).unwrap().summary.budget_bytes, 16 * MIB);
-        let dup = e.attach("b".parse().unwrap(), ByteSize(MIB), parts_of(&w, 8, len, &hot));
+        assert_eq!(
+            e.status(&"b".parse().unwrap())
+                .unwrap()
+                .summary
+                .budget_bytes,
+            16 * MIB
+        );
+        let dup = e.attach(
+            "b".parse().unwrap(),
+            ByteSize(MIB),
+            parts_of(&w, 8, len, &hot),
+        );
         assert!(matches!(dup, Err(Error::Exists(_))));
     }
 }

@@ -20,15 +20,25 @@ pub fn build(cfg: &Config, vm: &VmConfig) -> Result<VmParts, String> {
     let err = |e: &dyn std::error::Error| vmtier_core::error_chain(e);
     let backend: Box<dyn VmBackend> = match (&vm.qmp, vm.pid) {
         (Some(sock), _) => Box::new(QemuBackend::connect(sock, QMP_TIMEOUT).map_err(|e| err(&e))?),
-        (None, Some(pid)) => Box::new(PidBackend::new(pid, vm.ranges.iter().map(|r| (r.start, r.len.0)).collect())),
+        (None, Some(pid)) => Box::new(PidBackend::new(
+            pid,
+            vm.ranges.iter().map(|r| (r.start, r.len.0)).collect(),
+        )),
         (None, None) => return Err("no backend (qmp or pid)".into()),
     };
     let choice: Choice = cfg.daemon.source.parse().map_err(|e| err(&e))?;
     let source: SourceFactory = Box::new(move |layout: &GuestMemoryLayout| {
-        let opts = SelectOptions { choice, ..SelectOptions::default() };
+        let opts = SelectOptions {
+            choice,
+            ..SelectOptions::default()
+        };
         let sel = vmtier_sources::select(&opts, layout).map_err(|e| err(&e))?;
         Ok((sel.source, sel.reason))
     });
     let policy = cfg.build_policy().map_err(|e| err(&e))?;
-    Ok(VmParts { backend, source, policy })
+    Ok(VmParts {
+        backend,
+        source,
+        policy,
+    })
 }

@@ -154,9 +154,17 @@ mod tests {
             (r#"{"cmd":"list"}"#, Some(Request::List {})),
             (
                 r#"{"cmd":"set-budget","vm":"web1","budget":"64M"}"#,
-                Some(Request::SetBudget { vm: "web1".parse().unwrap(), budget: ByteSize(64 << 20) }),
+                Some(Request::SetBudget {
+                    vm: "web1".parse().unwrap(),
+                    budget: ByteSize(64 << 20),
+                }),
             ),
-            (r#"{"cmd":"detach","vm":"a"}"#, Some(Request::Detach { vm: "a".parse().unwrap() })),
+            (
+                r#"{"cmd":"detach","vm":"a"}"#,
+                Some(Request::Detach {
+                    vm: "a".parse().unwrap(),
+                }),
+            ),
             (r#"{"cmd":"list","extra":1}"#, None),
             (r#"{"cmd":"explode"}"#, None),
             (r#"{"cmd":"status","vm":"bad name"}"#, None),
@@ -165,7 +173,8 @@ mod tests {
             let got = serde_json::from_str::<Request>(text).ok();
             assert_eq!(got, want, "{text}");
             if let Some(r) = got {
-                let back: Request = serde_json::from_str(&serde_json::to_string(&r).unwrap()).unwrap();
+                let back: Request =
+                    serde_json::from_str(&serde_json::to_string(&r).unwrap()).unwrap();
                 assert_eq!(back, r);
             }
         }
@@ -173,9 +182,17 @@ mod tests {
 
     #[test]
     fn responses_have_ok_or_error() {
-        let ok = Response::Ok(Reply::Done { message: "x".into() });
-        assert_eq!(serde_json::to_string(&ok).unwrap(), r#"{"ok":{"kind":"done","message":"x"}}"#);
+        let ok = Response::Ok(Reply::Done {
+            message: "x".into(),
+        });
+        assert_eq!(
+            serde_json::to_string(&ok).unwrap(),
+            r#"{"ok":{"kind":"done","message":"x"}}"#
+        );
         let err = Response::Error("No VM named a".into());
-        assert_eq!(serde_json::to_string(&err).unwrap(), r#"{"error":"No VM named a"}"#);
+        assert_eq!(
+            serde_json::to_string(&err).unwrap(),
+            r#"{"error":"No VM named a"}"#
+        );
     }
 }

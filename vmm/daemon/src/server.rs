@@ -41,7 +41,8 @@ pub fn spawn(path: &Path, engine: Sender<Call>) -> Result<thread::JoinHandle<()>
     }
     let _ = std::fs::remove_file(path);
     let listener = UnixListener::bind(path).map_err(|e| Error::Bind(path.into(), e))?;
-    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600)).map_err(|e| Error::Bind(path.into(), e))?;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))
+        .map_err(|e| Error::Bind(path.into(), e))?;
     Ok(thread::spawn(move || {
         for conn in listener.incoming() {
             match conn {
@@ -56,7 +57,9 @@ pub fn spawn(path: &Path, engine: Sender<Call>) -> Result<thread::JoinHandle<()>
 }
 
 fn serve(stream: UnixStream, engine: &Sender<Call>) {
-    let Ok(mut out) = stream.try_clone() else { return };
+    let Ok(mut out) = stream.try_clone() else {
+        return;
+    };
     let _ = stream.set_read_timeout(Some(Duration::from_secs(300)));
     for line in BufReader::new(stream).lines() {
         let Ok(line) = line else { break };
@@ -71,12 +74,14 @@ fn serve(stream: UnixStream, engine: &Sender<Call>) {
                 if engine.send((req, tx)).is_err() {
                     Response::Error("vmtierd is shutting down".into())
                 } else {
-                    rx.recv_timeout(ENGINE_TIMEOUT)
-                        .unwrap_or_else(|_| Response::Error("vmtierd did not answer in time".into()))
+                    rx.recv_timeout(ENGINE_TIMEOUT).unwrap_or_else(|_| {
+                        Response::Error("vmtierd did not answer in time".into())
+                    })
                 }
             }
         };
-        let mut text = serde_json::to_string(&resp).unwrap_or_else(|e| format!("{{\"error\":\"{e}\"}}"));
+        let mut text =
+            serde_json::to_string(&resp).unwrap_or_else(|e| format!("{{\"error\":\"{e}\"}}"));
         text.push('\n');
         if out.write_all(text.as_bytes()).is_err() {
             break;
@@ -98,11 +103,14 @@ mod tests {
         assert!(matches!(spawn(&path, tx), Err(Error::InUse(_))));
         thread::spawn(move || {
             for (req, reply) in rx {
-                let _ = reply.send(Response::Ok(Reply::Done { message: format!("{req:?}") }));
+                let _ = reply.send(Response::Ok(Reply::Done {
+                    message: format!("{req:?}"),
+                }));
             }
         });
         let mut s = UnixStream::connect(&path).unwrap();
-        s.write_all(b"{\"cmd\":\"list\"}\nnot json\n{\"cmd\":\"list\",\"x\":1}\n").unwrap();
+        s.write_all(b"{\"cmd\":\"list\"}\nnot json\n{\"cmd\":\"list\",\"x\":1}\n")
+            .unwrap();
         let mut lines = BufReader::new(s).lines();
         let first = lines.next().unwrap().unwrap();
         assert_eq!(first, r#"{"ok":{"kind":"done","message":"List"}}"#);

@@ -451,15 +451,31 @@ mod tests {
             let got = s.span(Granule(g)).map(|x| (x.gpa.0, x.hva.raw(), x.len));
             assert_eq!(got, want, "granule {g}");
         }
-        let gpas = [(m, Some(0u32)), (2 * m - 1, Some(0)), (2 * m, Some(1)), (6 * m - 1, Some(2)), (6 * m, None)];
+        let gpas = [
+            (m, Some(0u32)),
+            (2 * m - 1, Some(0)),
+            (2 * m, Some(1)),
+            (6 * m - 1, Some(2)),
+            (6 * m, None),
+        ];
         for (gpa, want) in gpas {
-            assert_eq!(s.granule_of_gpa(GuestPhysAddr(gpa)).map(|g| g.0), want, "gpa {gpa:#x}");
+            assert_eq!(
+                s.granule_of_gpa(GuestPhysAddr(gpa)).map(|g| g.0),
+                want,
+                "gpa {gpa:#x}"
+            );
         }
         let mut s = s;
         s.observe(&[acc(A + 2 * m, 2 * m, 255)]);
         assert_eq!(heats(&s), vec![0, 31, 0]);
         s.set_tier(Granule(0), Tier::Fast);
-        assert_eq!(s.tier_bytes(), TierBytes { fast: m, slow: 4 * m });
+        assert_eq!(
+            s.tier_bytes(),
+            TierBytes {
+                fast: m,
+                slow: 4 * m
+            }
+        );
     }
 
     #[test]

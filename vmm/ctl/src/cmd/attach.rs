@@ -27,11 +27,19 @@ pub struct Args {
 }
 
 fn parse_range(s: &str) -> Result<RangeConfig, String> {
-    let (start, len) = s.split_once(':').ok_or("expected START:LEN, e.g. 0x7f0000000000:64M")?;
-    let hex = start.strip_prefix("0x").ok_or("START must be hexadecimal with 0x")?;
-    let start = u64::from_str_radix(hex, 16).map_err(|_| format!("START {start:?} is not hexadecimal"))?;
+    let (start, len) = s
+        .split_once(':')
+        .ok_or("expected START:LEN, e.g. 0x7f0000000000:64M")?;
+    let hex = start
+        .strip_prefix("0x")
+        .ok_or("START must be hexadecimal with 0x")?;
+    let start =
+        u64::from_str_radix(hex, 16).map_err(|_| format!("START {start:?} is not hexadecimal"))?;
     let len: ByteSize = len.parse().map_err(|e| format!("{e}"))?;
-    Ok(RangeConfig { start: HostVirtAddr::new(start), len })
+    Ok(RangeConfig {
+        start: HostVirtAddr::new(start),
+        len,
+    })
 }
 
 pub fn run(client: &Client, a: Args) -> Result<(), Error> {

@@ -13,7 +13,10 @@ pub fn run(client: &Client) -> Result<(), Error> {
     let Reply::List { vms } = reply else {
         return Err(Error::Reply(format!("{reply:?}")));
     };
-    println!("{:<16} {:<10} {:>12} {:>12} {:>12} {:>12}", "VM", "STATE", "BUDGET", "DRAM", "CXL", "TOTAL");
+    println!(
+        "{:<16} {:<10} {:>12} {:>12} {:>12} {:>12}",
+        "VM", "STATE", "BUDGET", "DRAM", "CXL", "TOTAL"
+    );
     for v in vms {
         println!(
             "{:<16} {:<10} {:>12} {:>12} {:>12} {:>12}",

@@ -14,7 +14,10 @@ pub struct Args {
 }
 
 pub fn run(client: &Client, a: &Args) -> Result<(), Error> {
-    let reply = client.call(&Request::SetBudget { vm: a.vm.clone(), budget: a.budget })?;
+    let reply = client.call(&Request::SetBudget {
+        vm: a.vm.clone(),
+        budget: a.budget,
+    })?;
     super::print_done(client, &reply);
     Ok(())
 }

@@ -28,7 +28,12 @@ pub fn render(s: &VmStatus) -> String {
     let b = |x: u64| ByteSize(x).to_string();
     let m = &s.metrics;
     let mut out = format!("{}  {}  ({})\n", s.summary.name, s.summary.state, s.backend);
-    out += &format!("  source {}, policy {}, granule {}\n", s.source, s.policy, b(s.granule_bytes));
+    out += &format!(
+        "  source {}, policy {}, granule {}\n",
+        s.source,
+        s.policy,
+        b(s.granule_bytes)
+    );
     out += &format!(
         "  budget {}   DRAM {}   CXL {}   total {}\n",
         b(s.summary.budget_bytes),
@@ -36,7 +41,11 @@ pub fn render(s: &VmStatus) -> String {
         b(s.summary.slow_bytes),
         b(s.summary.total_bytes)
     );
-    let nodes: Vec<String> = s.per_node.iter().map(|n| format!("node {}: {}", n.node, b(n.bytes))).collect();
+    let nodes: Vec<String> = s
+        .per_node
+        .iter()
+        .map(|n| format!("node {}: {}", n.node, b(n.bytes)))
+        .collect();
     out += &format!("  {}\n", nodes.join("   "));
     out += "  heat (cold → hot):";
     for bytes in &s.heat_histogram {
@@ -55,6 +64,10 @@ pub fn render(s: &VmStatus) -> String {
     );
     #[allow(clippy::cast_precision_loss)]
     let tick_ms = m.last_tick_us as f64 / 1000.0;
-    out += &format!("  ticks {}   last tick {tick_ms:.1} ms   max DRAM {}\n", m.ticks, b(m.max_fast_bytes));
+    out += &format!(
+        "  ticks {}   last tick {tick_ms:.1} ms   max DRAM {}\n",
+        m.ticks,
+        b(m.max_fast_bytes)
+    );
     out
 }

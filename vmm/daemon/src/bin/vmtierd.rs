@@ -16,7 +16,10 @@ use vmtier_daemon::{parts, server};
 use vmtier_migrate::MovePages;
 
 #[derive(Parser, Debug)]
-#[command(name = "vmtierd", about = "Tiered memory manager for VMs: keeps each VM's hot pages in DRAM under a budget")]
+#[command(
+    name = "vmtierd",
+    about = "Tiered memory manager for VMs: keeps each VM's hot pages in DRAM under a budget"
+)]
 struct Args {
     /// Configuration file (docs/config.md).
     #[arg(long, short, default_value = "/etc/vmtier/vmtierd.toml")]
@@ -38,7 +41,8 @@ extern "C" fn on_signal(_: libc::c_int) {
 /// Bytes of memory on a node (sysfs MemTotal), or why not.
 fn node_bytes(node: NodeId) -> Result<u64, String> {
     let path = format!("/sys/devices/system/node/node{node}/meminfo");
-    let text = std::fs::read_to_string(&path).map_err(|_| format!("Node {node} does not exist on this host ({path})"))?;
+    let text = std::fs::read_to_string(&path)
+        .map_err(|_| format!("Node {node} does not exist on this host ({path})"))?;
     text.lines()
         .find(|l| l.contains("MemTotal:"))
         .and_then(|l| l.split_whitespace().nth(3))
@@ -68,7 +72,13 @@ fn main() -> ExitCode {
     let d = &cfg.daemon;
     let fast_bytes = match (node_bytes(d.fast_node), node_bytes(d.slow_node)) {
         (Ok(f), Ok(s)) => {
-            info!("DRAM node {}: {}, CXL node {}: {}", d.fast_node, ByteSize(f), d.slow_node, ByteSize(s));
+            info!(
+                "DRAM node {}: {}, CXL node {}: {}",
+                d.fast_node,
+                ByteSize(f),
+                d.slow_node,
+                ByteSize(s)
+            );
             f
         }
         (Err(e), _) | (_, Err(e)) => {
@@ -85,9 +95,17 @@ fn main() -> ExitCode {
         refresh_ticks: d.refresh_ticks,
         fast_node_bytes: Some(fast_bytes),
     };
-    let mut engine = Engine::new(engine_cfg, Box::new(MovePages::default()), Box::new(MovePages::default()));
+    let mut engine = Engine::new(
+        engine_cfg,
+        Box::new(MovePages::default()),
+        Box::new(MovePages::default()),
+    );
     for vm in &cfg.vms {
-        let r = parts::build(&cfg, vm).and_then(|p| engine.attach(vm.name.clone(), vm.budget, p).map_err(|e| chain(&e)));
+        let r = parts::build(&cfg, vm).and_then(|p| {
+            engine
+                .attach(vm.name.clone(), vm.budget, p)
+                .map_err(|e| chain(&e))
+        });
         if let Err(e) = r {
             // The other VMs are still managed; this one can be attached later.
             error!("{}: not managed: {e}", vm.name);
@@ -105,7 +123,12 @@ fn main() -> ExitCode {
         libc::signal(libc::SIGINT, handler);
         libc::signal(libc::SIGTERM, handler);
     }
-    info!("vmtierd: {} VMs managed, control socket {}, tick {} ms", engine.vm_names().len(), cfg.daemon.socket.display(), cfg.daemon.interval_ms);
+    info!(
+        "vmtierd: {} VMs managed, control socket {}, tick {} ms",
+        engine.vm_names().len(),
+        cfg.daemon.socket.display(),
+        cfg.daemon.interval_ms
+    );
 
     let interval = Duration::from_millis(cfg.daemon.interval_ms);
     let mut next = Instant::now() + interval;
