@@ -43,6 +43,10 @@ pub struct DaemonArgs {
     /// Tick length.
     #[arg(long, default_value_t = 1000)]
     interval_ms: u64,
+    /// vmtierd's migrator (auto, move_pages, kmod). With `kmod`, the module must be
+    /// loaded and is checked to have moved pages.
+    #[arg(long, default_value = "auto")]
+    migrator: String,
     /// Demo output: a live progress line and a summary table.
     #[arg(long)]
     demo: bool,
@@ -261,6 +265,7 @@ pub fn run(c: &mut Checks, a: &DaemonArgs) {
         Ok(g) => g,
         Err(e) => return c.fatal("start QEMU", e),
     };
+    g.echo = !a.demo;
     let Some(start) = g.wait_for("WG start", Duration::from_secs(60)) else {
         return c.fatal("guest starts", "no 'WG start'");
     };
@@ -282,11 +287,12 @@ pub fn run(c: &mut Checks, a: &DaemonArgs) {
     // Unix sockets cannot live on the 9p share that holds the run directory.
     let socket = std::env::temp_dir().join(format!("vmtierd-{}.sock", std::process::id()));
     let config = format!(
-        "[daemon]\nsocket = \"{}\"\ninterval_ms = {}\nrate_limit_mbps = 2000\nsource = \"{}\"\n\n\
+        "[daemon]\nsocket = \"{}\"\ninterval_ms = {}\nrate_limit_mbps = 2000\nsource = \"{}\"\nmigrator = \"{}\"\n\n\
          [[vm]]\nname = \"guest\"\nqmp = \"{}\"\nbudget = \"{}K\"\n",
         socket.display(),
         a.interval_ms,
         a.source,
+        a.migrator,
         g.qmp.display(),
         a.budget.0 >> 10
     );
@@ -311,6 +317,19 @@ pub fn run(c: &mut Checks, a: &DaemonArgs) {
         "vmtierctl list shows the guest active",
         list.lines().nth(1).unwrap_or(""),
     );
+    let migrator_line = log
+        .lines()
+        .find(|l| l.contains("migrator:"))
+        .unwrap_or("")
+        .to_owned();
+    let kmod_moved0 = crate::kmod::kstat("pages_moved");
+    if a.migrator == "kmod" {
+        c.check(
+            migrator_line.contains("kernel module"),
+            "vmtierd moves pages with the kernel module",
+            migrator_line.trim(),
+        );
+    }
 
     let mut r = Run {
         a,
@@ -415,6 +434,14 @@ pub fn run(c: &mut Checks, a: &DaemonArgs) {
         lowered = Some(last);
     }
 
+    if a.migrator == "kmod" {
+        let moved = crate::kmod::kstat("pages_moved") - kmod_moved0;
+        c.check(
+            moved > 0,
+            "the module moved guest pages for vmtierd",
+            format!("pages_moved +{moved}"),
+        );
+    }
     let status = r.d.status("guest");
     let (ok, human) = r.d.ctl(&["status", "guest"]);
     c.check(

@@ -47,6 +47,8 @@ pub struct Guest {
     lines: Receiver<String>,
     /// Every `WG` line seen so far.
     pub seen: Vec<String>,
+    /// Print the guest's lines as they arrive (default on).
+    pub echo: bool,
     /// QMP socket path.
     pub qmp: PathBuf,
     dir: PathBuf,
@@ -121,6 +123,7 @@ impl Guest {
             stdin,
             lines,
             seen: Vec::new(),
+            echo: true,
             qmp,
             dir,
         })
@@ -133,7 +136,9 @@ impl Guest {
             let left = deadline.checked_duration_since(Instant::now())?;
             match self.lines.recv_timeout(left) {
                 Ok(line) => {
-                    println!("  guest| {line}");
+                    if self.echo {
+                        println!("  guest| {line}");
+                    }
                     if line.starts_with("WG ") {
                         self.seen.push(line.clone());
                     }
@@ -158,7 +163,9 @@ impl Guest {
     /// Drains lines already received.
     pub fn poll(&mut self) {
         while let Ok(line) = self.lines.try_recv() {
-            println!("  guest| {line}");
+            if self.echo {
+                println!("  guest| {line}");
+            }
             if line.starts_with("WG ") {
                 self.seen.push(line);
             }

@@ -4,6 +4,7 @@
 use std::time::Duration;
 
 use crate::addr::{HostVirtAddr, NodeId, PageSize, ProcessId};
+use crate::layout::GuestMemoryLayout;
 
 /// Why a whole migration request failed (per-page problems are [`PageOutcome`]s instead).
 #[derive(Debug, thiserror::Error)]
@@ -106,4 +107,11 @@ pub trait Migrator: Send {
         pages: &[PageRef],
         target: NodeId,
     ) -> Result<MigrationReport, Error>;
+
+    /// Learns the layout of a process it will move pages of (which ranges are private
+    /// anonymous, shared or file-backed), for migrators that choose a path per range.
+    fn add_layout(&mut self, _layout: &GuestMemoryLayout) {}
+
+    /// Forgets a process's layout.
+    fn remove_layout(&mut self, _pid: ProcessId) {}
 }

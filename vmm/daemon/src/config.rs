@@ -59,6 +59,14 @@ pub struct DaemonConfig {
     /// Re-read where every page really is every this many ticks (the kernel may move
     /// pages too). Default 10.
     pub refresh_ticks: u64,
+    /// How pages move: `auto` (the vmtier kernel module for private anonymous 4 KiB pages
+    /// when `/dev/vmtier` exists, move_pages(2) for the rest), `move_pages`, or `kmod`
+    /// (the module required). Default `auto`.
+    pub migrator: String,
+    /// The module's copy engine: `auto`, `cpu` or `dma`. Default `auto`.
+    pub kmod_engine: String,
+    /// CPU threads or DMA channels per module call; 0 = the module's default. Default 0.
+    pub kmod_workers: u32,
 }
 
 impl Default for DaemonConfig {
@@ -74,6 +82,9 @@ impl Default for DaemonConfig {
             policy_params: toml::Table::new(),
             granule: ByteSize(2 << 20),
             refresh_ticks: 10,
+            migrator: "auto".into(),
+            kmod_engine: "auto".into(),
+            kmod_workers: 0,
         }
     }
 }
@@ -178,6 +189,15 @@ impl Config {
                 d.fast_node
             )));
         }
+        if !["auto", "move_pages", "kmod"].contains(&d.migrator.as_str()) {
+            return Err(Error::Invalid(format!(
+                "migrator {:?}: expected auto, move_pages or kmod",
+                d.migrator
+            )));
+        }
+        d.kmod_engine
+            .parse::<vmtier_migrate::kmod::Engine>()
+            .map_err(|e| Error::Invalid(format!("kmod_engine: {e}")))?;
         if !["auto", "damon-vaddr", "soft-dirty"].contains(&d.source.as_str()) {
             return Err(Error::Invalid(format!(
                 "source {:?}: expected auto, damon-vaddr or soft-dirty",
@@ -290,6 +310,8 @@ mod tests {
             ("[daemon]\ngranule = \"lots\"\n", "Invalid size"),
             ("[daemon]\nfast_node = 1\n", "both 1"),
             ("[daemon]\nsource = \"magic\"\n", "source"),
+            ("[daemon]\nmigrator = \"teleport\"\n", "migrator"),
+            ("[daemon]\nkmod_engine = \"gpu\"\n", "kmod_engine"),
             ("[daemon]\npolicy = \"nope\"\n", "Unknown policy nope"),
             ("[daemon.policy_params]\nswap_margn = 1\n", "unknown field"),
             ("[[vm]]\nname = \"a\"\nbudget = \"1G\"\n", "give qmp"),

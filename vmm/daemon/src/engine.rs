@@ -241,8 +241,10 @@ impl Engine {
             tick: 0,
             reports: Vec::new(),
         };
+        self.migrator.add_layout(&vm.layout);
         if let Err(e) = refresh_placement(&self.cfg, self.locator.as_mut(), &mut vm) {
             vm.parts.source.detach();
+            self.migrator.remove_layout(vm.layout.pid);
             return Err(Error::Attach(name, err_chain(&e)));
         }
         let msg = format!(
@@ -260,6 +262,7 @@ impl Engine {
             .remove(name)
             .ok_or_else(|| Error::NoSuchVm(name.clone()))?;
         vm.parts.source.detach();
+        self.migrator.remove_layout(vm.layout.pid);
         info!("{name}: detached");
         Ok(format!("Detached {name}"))
     }
@@ -311,6 +314,7 @@ impl Engine {
             ) {
                 warn!("{name}: no longer managed: {reason}");
                 vm.parts.source.detach();
+                self.migrator.remove_layout(vm.layout.pid);
                 vm.state = VmState::Failed(reason);
             }
             vm.metrics.last_tick_us = u64::try_from(t.elapsed().as_micros()).unwrap_or(u64::MAX);

@@ -1,12 +1,16 @@
 //! Builds the real parts of a VM from its `[[vm]]` configuration: the backend (QEMU over
-//! QMP, or a plain process), the hotness source (probed), the policy (from the registry).
+//! QMP, or a plain process), the hotness source (probed), the policy (from the registry);
+//! and the daemon's migrator.
 
 use std::time::Duration;
 
 use vmtier_backends::pid::PidBackend;
 use vmtier_backends::qemu::QemuBackend;
 use vmtier_core::backend::VmBackend;
+use vmtier_core::migrate::Migrator;
 use vmtier_core::GuestMemoryLayout;
+use vmtier_migrate::kmod::{Combined, Engine, Kmod, KmodConfig};
+use vmtier_migrate::MovePages;
 use vmtier_sources::{Choice, SelectOptions};
 
 use crate::config::{Config, VmConfig};
@@ -41,4 +45,48 @@ pub fn build(cfg: &Config, vm: &VmConfig) -> Result<VmParts, String> {
         source,
         policy,
     })
+}
+
+/// The migrator `[daemon] migrator` asks for, and a log line saying what it is.
+pub fn migrator(cfg: &Config) -> Result<(Box<dyn Migrator>, String), String> {
+    let d = &cfg.daemon;
+    let engine: Engine = d.kmod_engine.parse()?;
+    let kcfg = KmodConfig {
+        engine,
+        workers: d.kmod_workers,
+        batch: 0,
+    };
+    match d.migrator.as_str() {
+        "move_pages" => Ok((
+            Box::new(MovePages::default()),
+            "migrator: move_pages(2)".into(),
+        )),
+        "kmod" => {
+            let k = Kmod::open(kcfg)
+                .map_err(|e| format!("migrator kmod: {}", vmtier_core::error_chain(&e)))?;
+            let m = Combined::with_kmod(Some(k), MovePages::default());
+            Ok((
+                Box::new(m),
+                format!(
+                    "migrator: kernel module ({} engine) + move_pages(2) for THP and shared memory",
+                    engine.name()
+                ),
+            ))
+        }
+        _ => {
+            let m = Combined::new(kcfg, vmtier_migrate::move_pages::DEFAULT_BATCH, false);
+            let line = if m.has_kmod() {
+                format!(
+                    "migrator: kernel module ({} engine) + move_pages(2) for THP and shared memory",
+                    engine.name()
+                )
+            } else {
+                format!(
+                    "migrator: move_pages(2) ({} not available)",
+                    vmtier_migrate::kmod::DEVICE
+                )
+            };
+            Ok((Box::new(m), line))
+        }
+    }
 }

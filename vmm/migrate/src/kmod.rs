@@ -436,8 +436,8 @@ impl Migrator for Kmod {
 pub struct Combined {
     kmod: Option<Kmod>,
     move_pages: MovePages,
-    /// `(start, end)` of address ranges known not to be private anonymous.
-    not_private_anon: Vec<(u64, u64)>,
+    /// Per process, `(start, end)` of address ranges known not to be private anonymous.
+    not_private_anon: Vec<(ProcessId, Vec<(u64, u64)>)>,
 }
 
 impl Combined {
@@ -459,12 +459,14 @@ impl Combined {
 
     /// Routes the shared and file-backed ranges of `layout` straight to `move_pages`.
     pub fn set_layout(&mut self, layout: &GuestMemoryLayout) {
-        self.not_private_anon = layout
+        let ranges = layout
             .ranges
             .iter()
             .filter(|r| r.backing != Backing::PrivateAnon)
             .map(|r| (r.hva.raw(), r.hva.raw().saturating_add(r.len)))
             .collect();
+        self.remove_layout(layout.pid);
+        self.not_private_anon.push((layout.pid, ranges));
     }
 
     /// Whether the module is in use.
@@ -473,9 +475,17 @@ impl Combined {
     }
 
     #[cfg(test)]
-    fn for_kmod(&self, p: &PageRef) -> bool {
-        for_kmod(&self.not_private_anon, p)
+    fn for_kmod(&self, pid: ProcessId, p: &PageRef) -> bool {
+        for_kmod(ranges_of(&self.not_private_anon, pid), p)
     }
+}
+
+/// The ranges of `pid` known not to be private anonymous.
+fn ranges_of(table: &[(ProcessId, Vec<(u64, u64)>)], pid: ProcessId) -> &[(u64, u64)] {
+    table
+        .iter()
+        .find(|e| e.0 == pid)
+        .map_or(&[], |e| e.1.as_slice())
 }
 
 /// A base page outside the ranges known not to be private anonymous.
@@ -507,8 +517,9 @@ impl Migrator for Combined {
         // Pages for move_pages, as indices into `pages`.
         let mut rest: Vec<usize>;
         if let Some(kmod) = self.kmod.as_mut() {
+            let not_anon = ranges_of(&self.not_private_anon, pid);
             let (mine, other): (Vec<usize>, Vec<usize>) =
-                (0..pages.len()).partition(|&i| for_kmod(&self.not_private_anon, &pages[i]));
+                (0..pages.len()).partition(|&i| for_kmod(not_anon, &pages[i]));
             rest = other;
             let sub: Vec<PageRef> = mine.iter().map(|&i| pages[i]).collect();
             let runs = coalesce(&sub);
@@ -554,6 +565,14 @@ impl Migrator for Combined {
             elapsed: start.elapsed(),
         })
     }
+
+    fn add_layout(&mut self, layout: &GuestMemoryLayout) {
+        self.set_layout(layout);
+    }
+
+    fn remove_layout(&mut self, pid: ProcessId) {
+        self.not_private_anon.retain(|e| e.0 != pid);
+    }
 }
 
 #[cfg(test)]
@@ -589,10 +608,26 @@ mod tests {
             addr: HostVirtAddr::new(0x20_0000),
             size: PageSize::Huge,
         };
-        assert!(!c.for_kmod(&huge));
-        assert!(c.for_kmod(&base(0x1000)));
-        c.not_private_anon = vec![(0x1000, 0x2000)];
-        assert!(!c.for_kmod(&base(0x1000)));
+        let (p, q) = (ProcessId::new(10), ProcessId::new(11));
+        assert!(!c.for_kmod(p, &huge));
+        assert!(c.for_kmod(p, &base(0x1000)));
+        // A shared range of process p goes to move_pages; the same address in q does not.
+        let shared = GuestMemoryLayout::new(
+            p,
+            vec![vmtier_core::GuestRamRange {
+                name: "memfd".into(),
+                gpa: vmtier_core::GuestPhysAddr(0),
+                hva: HostVirtAddr::new(0x1000),
+                len: 0x1000,
+                backing: Backing::Shared,
+            }],
+        )
+        .unwrap();
+        c.add_layout(&shared);
+        assert!(!c.for_kmod(p, &base(0x1000)));
+        assert!(c.for_kmod(q, &base(0x1000)));
+        c.remove_layout(p);
+        assert!(c.for_kmod(p, &base(0x1000)));
     }
 
     #[test]

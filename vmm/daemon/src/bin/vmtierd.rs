@@ -95,11 +95,17 @@ fn main() -> ExitCode {
         refresh_ticks: d.refresh_ticks,
         fast_node_bytes: Some(fast_bytes),
     };
-    let mut engine = Engine::new(
-        engine_cfg,
-        Box::new(MovePages::default()),
-        Box::new(MovePages::default()),
-    );
+    let migrator = match parts::migrator(&cfg) {
+        Ok((m, line)) => {
+            info!("{line}");
+            m
+        }
+        Err(e) => {
+            error!("{e}");
+            return ExitCode::from(2);
+        }
+    };
+    let mut engine = Engine::new(engine_cfg, migrator, Box::new(MovePages::default()));
     for vm in &cfg.vms {
         let r = parts::build(&cfg, vm).and_then(|p| {
             engine
