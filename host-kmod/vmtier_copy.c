@@ -22,7 +22,7 @@
 #include <linux/uaccess.h>
 #include <linux/wait.h>
 
-#include "vmtier.h"
+#include "vmtier_priv.h"
 
 /* Fewer entries than this per thread are not worth handing to a worker. */
 #define VT_MIN_PAGES_PER_WORKER	32

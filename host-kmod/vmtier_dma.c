@@ -15,7 +15,7 @@
 #include <linux/mm.h>
 #include <linux/slab.h>
 
-#include "vmtier.h"
+#include "vmtier_priv.h"
 
 struct vmtier_dma {
 	unsigned int n;

@@ -17,7 +17,7 @@
 #include <linux/slab.h>
 #include <linux/uaccess.h>
 
-#include "vmtier.h"
+#include "vmtier_priv.h"
 
 atomic64_t vmtier_stats[VT_NR_STATS];
 

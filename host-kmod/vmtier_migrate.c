@@ -28,7 +28,7 @@
 #include <linux/swapops.h>
 #include <linux/vmstat.h>
 
-#include "vmtier.h"
+#include "vmtier_priv.h"
 
 /* Owner cookie passed to MMU notifiers: unique to this module. */
 static const char vt_owner_cookie;
