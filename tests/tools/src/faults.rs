@@ -6,9 +6,11 @@
 //! not exist). DAMON sysfs is hidden under an empty tmpfs, so the daemon must fall back to
 //! soft-dirty tracking and say so.
 
-use std::path::PathBuf;
+use std::net::Shutdown;
+use std::os::unix::net::{UnixListener, UnixStream};
+use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use vmtier_backends::qemu::QemuBackend;
@@ -28,6 +30,65 @@ pub struct FaultsArgs {
 }
 
 const DAMON_SYSFS: &str = "/sys/kernel/mm/damon";
+
+/// A unix-socket proxy in front of QEMU's QMP socket, so that the test can close the
+/// daemon's QMP connection while QEMU keeps running (as a restarted management proxy would).
+struct QmpProxy {
+    path: PathBuf,
+    conns: Arc<Mutex<Vec<UnixStream>>>,
+    stop: Arc<AtomicBool>,
+}
+
+impl QmpProxy {
+    fn start(target: &Path) -> std::io::Result<Self> {
+        let path = std::env::temp_dir().join(format!("qmp-proxy-{}.sock", std::process::id()));
+        let _ = std::fs::remove_file(&path);
+        let listener = UnixListener::bind(&path)?;
+        listener.set_nonblocking(true)?;
+        let conns = Arc::new(Mutex::new(Vec::new()));
+        let stop = Arc::new(AtomicBool::new(false));
+        let (c, s, target) = (conns.clone(), stop.clone(), target.to_owned());
+        std::thread::spawn(move || {
+            while !s.load(Ordering::Relaxed) {
+                let Ok((client, _)) = listener.accept() else {
+                    std::thread::sleep(Duration::from_millis(20));
+                    continue;
+                };
+                let _ = client.set_nonblocking(false);
+                let Ok(server) = UnixStream::connect(&target) else {
+                    continue;
+                };
+                for (mut from, mut to) in [
+                    (client.try_clone(), server.try_clone()),
+                    (server.try_clone(), client.try_clone()),
+                ]
+                .into_iter()
+                .filter_map(|(a, b)| Some((a.ok()?, b.ok()?)))
+                {
+                    std::thread::spawn(move || {
+                        let _ = std::io::copy(&mut from, &mut to);
+                        let _ = to.shutdown(Shutdown::Both);
+                    });
+                }
+                if let Ok(mut v) = c.lock() {
+                    v.extend([client, server]);
+                }
+            }
+        });
+        Ok(Self { path, conns, stop })
+    }
+
+    /// Closes every proxied connection and stops accepting.
+    fn kill(&self) {
+        self.stop.store(true, Ordering::Relaxed);
+        if let Ok(v) = self.conns.lock() {
+            for s in v.iter() {
+                let _ = s.shutdown(Shutdown::Both);
+            }
+        }
+        let _ = std::fs::remove_file(&self.path);
+    }
+}
 
 fn run_cmd(cmd: &str, args: &[&str]) -> bool {
     std::process::Command::new(cmd)
@@ -138,13 +199,18 @@ pub fn run(c: &mut Checks, a: &FaultsArgs) {
         DAMON_SYSFS,
     );
 
+    let proxy = match QmpProxy::start(&g.qmp) {
+        Ok(p) => p,
+        Err(e) => return c.fatal("start the QMP proxy", e),
+    };
     let config = format!(
-        "[daemon]\nsocket = \"{}\"\ninterval_ms = 1000\nrate_limit_mbps = 8\n\n\
+        "[daemon]\nsocket = \"{}\"\ninterval_ms = 1000\nrate_limit_mbps = 8\nrefresh_ticks = 2\n\n\
          [[vm]]\nname = \"ghost\"\nqmp = \"/nonexistent/qmp.sock\"\nbudget = \"8M\"\n\n\
-         [[vm]]\nname = \"guest\"\nqmp = \"{}\"\nbudget = \"48M\"\n\n\
+         [[vm]]\nname = \"guest\"\nqmp = \"{}\"\npid = {}\nbudget = \"48M\"\n\n\
          [[vm]]\nname = \"proc\"\npid = {}\nbudget = \"8M\"\nranges = [{{ start = \"{}\", len = \"32M\" }}]\n",
         socket.display(),
-        g.qmp.display(),
+        proxy.path.display(),
+        layout.pid,
         me,
         buf.addr()
     );
@@ -241,6 +307,39 @@ pub fn run(c: &mut Checks, a: &FaultsArgs) {
         proc_dram * 10 >= (8 << 20) * 9,
         "the pid backend's hot part reaches DRAM",
         format!("{} of 8 MiB", ByteSize(proc_dram)),
+    );
+
+    // The QMP connection closes while QEMU runs: the VM stays managed, marked degraded.
+    proxy.kill();
+    let mut state = String::new();
+    let t = Instant::now();
+    while t.elapsed() < Duration::from_secs(10) {
+        std::thread::sleep(Duration::from_millis(500));
+        state = d
+            .status("guest")
+            .map(|s| s.summary.state)
+            .unwrap_or_default();
+        if state.starts_with("degraded") {
+            break;
+        }
+    }
+    c.check(
+        state.contains("cannot re-read the memory layout"),
+        "QMP closing mid-run degrades the VM, with a reason",
+        &state,
+    );
+    let ticks0 = d.status("guest").map_or(0, |s| s.metrics.ticks);
+    std::thread::sleep(Duration::from_secs(2));
+    g.poll();
+    let ticks1 = d.status("guest").map_or(0, |s| s.metrics.ticks);
+    let still = gpa_residency(&layout, hot.0, hot.1).map_or(0, |r| r.on(NodeId::new(0)));
+    c.check(
+        ticks1 > ticks0 && still * 10 >= hot.1 * 9,
+        "the VM stays managed without QMP",
+        format!(
+            "ticks {ticks0} -> {ticks1}, hot set in DRAM {}",
+            ByteSize(still)
+        ),
     );
 
     // QEMU exits in the middle of migrations: raise its budget so that promotions are under

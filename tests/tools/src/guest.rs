@@ -78,6 +78,21 @@ impl Guest {
         node: u32,
         append: &str,
     ) -> std::io::Result<Self> {
+        Self::start_with_policy(qemu, elf, ram, Some(node), "bind", append)
+    }
+
+    /// Starts QEMU with the RAM backend's `policy` (`bind`, `preferred`, `interleave`) on
+    /// `node`; `None` gives the backend no host-nodes and no policy (the kernel's default).
+    pub fn start_with_policy(
+        qemu: &str,
+        elf: &std::path::Path,
+        ram: ByteSize,
+        node: Option<u32>,
+        policy: &str,
+        append: &str,
+    ) -> std::io::Result<Self> {
+        let placement =
+            node.map_or_else(String::new, |n| format!(",host-nodes={n},policy={policy}"));
         let dir = std::env::temp_dir().join(format!("vmtier-guest-{}", std::process::id()));
         std::fs::create_dir_all(&dir)?;
         let qmp = dir.join("qmp.sock");
@@ -87,7 +102,7 @@ impl Guest {
             .args(["-accel", "tcg", "-m", &format!("{mib}M")])
             .args([
                 "-object",
-                &format!("memory-backend-ram,id=ram0,size={mib}M,host-nodes={node},policy=bind"),
+                &format!("memory-backend-ram,id=ram0,size={mib}M{placement}"),
             ])
             .args(["-machine", "pc,memory-backend=ram0"])
             .arg("-kernel")

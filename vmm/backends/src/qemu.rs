@@ -13,7 +13,7 @@ use std::time::Duration;
 
 use serde_json::Value;
 use vmtier_core::backend::{Error as BackendError, VmBackend};
-use vmtier_core::{GuestMemoryLayout, GuestPhysAddr, GuestRamRange, HostVirtAddr};
+use vmtier_core::{GuestMemoryLayout, GuestPhysAddr, GuestRamRange, HostVirtAddr, ProcessId};
 
 use crate::procmaps;
 use crate::qmp::{self, Qmp};
@@ -133,27 +133,58 @@ pub fn parse_gpa2hva(reply: &str) -> Option<HostVirtAddr> {
 /// A QEMU VM reached through its QMP socket.
 #[derive(Debug)]
 pub struct QemuBackend {
-    qmp: Qmp,
+    /// `None` after the connection broke; the next [`Self::discover`] reconnects.
+    qmp: Option<Qmp>,
     socket: PathBuf,
+    pid: ProcessId,
+    timeout: Duration,
 }
 
 impl QemuBackend {
-    /// Connects to QEMU's QMP socket.
+    /// Connects to QEMU's QMP socket; QEMU is the process on the other end.
     pub fn connect(socket: &Path, timeout: Duration) -> Result<Self, Error> {
+        Self::connect_to(socket, timeout, None)
+    }
+
+    /// Connects to QEMU's QMP socket; `pid` names QEMU when a proxy serves the socket.
+    pub fn connect_to(
+        socket: &Path,
+        timeout: Duration,
+        pid: Option<ProcessId>,
+    ) -> Result<Self, Error> {
+        let qmp = Qmp::connect(socket, timeout)?;
         Ok(Self {
-            qmp: Qmp::connect(socket, timeout)?,
+            pid: pid.unwrap_or_else(|| qmp.pid()),
+            qmp: Some(qmp),
             socket: socket.to_owned(),
+            timeout,
         })
     }
 
-    /// The QMP connection, for other queries.
-    pub fn qmp(&mut self) -> &mut Qmp {
-        &mut self.qmp
+    /// The QEMU process.
+    pub fn pid(&self) -> ProcessId {
+        self.pid
     }
 
-    /// Finds every guest RAM range and its host address.
+    /// Finds every guest RAM range and its host address. A broken QMP connection is
+    /// dropped and re-opened on the next call, as long as the same QEMU answers.
     pub fn discover(&mut self) -> Result<GuestMemoryLayout, Error> {
-        let memdevs = self.qmp.execute("query-memdev", None)?;
+        if self.qmp.is_none() {
+            let q = Qmp::connect(&self.socket, self.timeout)?;
+            self.qmp = Some(q);
+        }
+        let r = self.discover_with_qmp();
+        if matches!(r, Err(Error::Qmp(qmp::Error::Closed | qmp::Error::Io(_)))) {
+            self.qmp = None;
+        }
+        r
+    }
+
+    fn discover_with_qmp(&mut self) -> Result<GuestMemoryLayout, Error> {
+        let Some(qmp) = self.qmp.as_mut() else {
+            return Err(Error::Qmp(qmp::Error::Closed));
+        };
+        let memdevs = qmp.execute("query-memdev", None)?;
         let ids: Vec<String> = memdevs
             .as_array()
             .map(|a| {
@@ -162,7 +193,7 @@ impl QemuBackend {
                     .collect()
             })
             .unwrap_or_default();
-        let mtree = self.qmp.hmp("info mtree -f")?;
+        let mtree = qmp.hmp("info mtree -f")?;
         let flat: Vec<FlatRange> = parse_flat_mtree(&mtree)?
             .into_iter()
             .filter(|r| r.kind == "ram" && ids.contains(&r.name))
@@ -170,13 +201,13 @@ impl QemuBackend {
         if flat.is_empty() {
             return Err(Error::NoRam(ids));
         }
-        let pid = self.qmp.pid();
+        let pid = self.pid;
         let maps = procmaps::read(pid)?;
         let mut ranges = Vec::with_capacity(flat.len());
         // Host address of offset 0 of each backend, to check that its ranges agree.
         let mut bases: Vec<(String, u64)> = Vec::new();
         for r in flat {
-            let reply = self.qmp.hmp(&format!("gpa2hva {:#x}", r.start))?;
+            let reply = qmp.hmp(&format!("gpa2hva {:#x}", r.start))?;
             let hva = parse_gpa2hva(&reply).ok_or_else(|| Error::Gpa2hva {
                 gpa: r.start,
                 reply: reply.trim().to_owned(),
@@ -211,16 +242,15 @@ impl QemuBackend {
 
 impl VmBackend for QemuBackend {
     fn describe(&self) -> String {
-        format!("qemu pid {} via {}", self.qmp.pid(), self.socket.display())
+        format!("qemu pid {} via {}", self.pid, self.socket.display())
     }
 
     fn layout(&mut self) -> Result<GuestMemoryLayout, BackendError> {
+        let alive = Path::new(&format!("/proc/{}", self.pid)).exists();
         self.discover().map_err(|e| match e {
-            Error::Qmp(qmp::Error::Closed | qmp::Error::Connect(..)) => {
-                BackendError::Gone(e.into())
-            }
-            Error::Maps(procmaps::Error::Read(..)) => BackendError::Gone(e.into()),
-            _ => BackendError::Unavailable(e.into()),
+            // QMP closed while QEMU lives (a restarted management proxy): try again later.
+            _ if alive => BackendError::Unavailable(e.into()),
+            _ => BackendError::Gone(e.into()),
         })
     }
 }

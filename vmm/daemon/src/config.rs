@@ -111,7 +111,9 @@ pub struct VmConfig {
     /// QEMU's QMP unix socket.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub qmp: Option<PathBuf>,
-    /// A plain process whose `ranges` are managed as if they were guest RAM.
+    /// With `qmp`: QEMU's pid, when the socket is served by a proxy (otherwise the pid is
+    /// the socket peer's). Without `qmp`: a plain process whose `ranges` are managed as if
+    /// they were guest RAM.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub pid: Option<ProcessId>,
     /// With `pid`: the ranges to manage.
@@ -122,24 +124,17 @@ pub struct VmConfig {
 impl VmConfig {
     /// Checks the backend choice.
     pub fn validate(&self) -> Result<(), Error> {
+        let name = &self.name;
         match (&self.qmp, self.pid, self.ranges.is_empty()) {
-            (Some(_), None, true) => Ok(()),
-            (None, Some(_), false) => Ok(()),
-            (Some(_), Some(_), _) => Err(Error::Invalid(format!(
-                "VM {}: give either qmp or pid, not both",
-                self.name
-            ))),
-            (Some(_), None, false) => Err(Error::Invalid(format!(
-                "VM {}: ranges only go with pid",
-                self.name
+            (Some(_), _, true) | (None, Some(_), false) => Ok(()),
+            (Some(_), _, false) => Err(Error::Invalid(format!(
+                "VM {name}: ranges go with pid alone, not with qmp"
             ))),
             (None, Some(_), true) => Err(Error::Invalid(format!(
-                "VM {}: pid needs ranges",
-                self.name
+                "VM {name}: pid needs ranges (or give qmp)"
             ))),
             (None, None, _) => Err(Error::Invalid(format!(
-                "VM {}: give qmp (a QEMU QMP socket) or pid + ranges",
-                self.name
+                "VM {name}: give qmp (a QEMU QMP socket) or pid + ranges"
             ))),
         }
     }
@@ -316,7 +311,7 @@ mod tests {
             ("[daemon.policy_params]\nswap_margn = 1\n", "unknown field"),
             ("[[vm]]\nname = \"a\"\nbudget = \"1G\"\n", "give qmp"),
             ("[[vm]]\nname = \"a b\"\nbudget = \"1G\"\nqmp = \"/x\"\n", "Invalid VM name"),
-            ("[[vm]]\nname = \"a\"\nbudget = \"1G\"\nqmp = \"/x\"\npid = 3\n", "not both"),
+            ("[[vm]]\nname = \"a\"\nbudget = \"1G\"\nqmp = \"/x\"\npid = 3\nranges = [{ start = \"0x1000\", len = \"4K\" }]\n", "not with qmp"),
             ("[[vm]]\nname = \"a\"\nbudget = \"1G\"\npid = 3\n", "needs ranges"),
             ("[[vm]]\nname = \"a\"\nbudget = \"1G\"\npid = 3\nranges = [{ start = \"7f\", len = \"1M\" }]\n", "0x"),
             ("[[vm]]\nname = \"a\"\nbudget = \"1G\"\nqmp = \"/x\"\n[[vm]]\nname = \"a\"\nbudget = \"1G\"\nqmp = \"/y\"\n", "twice"),

@@ -140,6 +140,18 @@ struct Vm {
     per_node: Vec<NodeBytes>,
     tick: u64,
     reports: Vec<RegionAccess>,
+    /// Why the layout could not be re-read at the last refresh (the last known one is used).
+    layout_error: Option<String>,
+}
+
+impl Vm {
+    fn describe_state(&self) -> String {
+        match (&self.state, &self.layout_error) {
+            (VmState::Failed(_), _) | (_, None) => self.state.describe(),
+            (VmState::Active, Some(l)) => format!("degraded: {l}"),
+            (VmState::Degraded(r), Some(l)) => format!("degraded: {r}; {l}"),
+        }
+    }
 }
 
 /// The engine.
@@ -240,6 +252,7 @@ impl Engine {
             per_node: Vec::new(),
             tick: 0,
             reports: Vec::new(),
+            layout_error: None,
         };
         self.migrator.add_layout(&vm.layout);
         if let Err(e) = refresh_placement(&self.cfg, self.locator.as_mut(), &mut vm) {
@@ -380,7 +393,7 @@ fn summary(name: &VmId, vm: &Vm) -> VmSummary {
     let t = vm.store.tier_bytes();
     VmSummary {
         name: name.clone(),
-        state: vm.state.describe(),
+        state: vm.describe_state(),
         budget_bytes: vm.budget_bytes,
         fast_bytes: t.fast,
         slow_bytes: t.slow,
@@ -528,6 +541,7 @@ fn tick_vm(
     move_granules(migrator, vm, &promote, cfg.fast_node, Tier::Fast)?;
 
     if cfg.refresh_ticks > 0 && vm.tick % cfg.refresh_ticks == 0 {
+        recheck_layout(cfg, migrator, vm)?;
         refresh_placement(cfg, locator, vm).map_err(|e| match e {
             MigrateError::ProcessGone(_) => "the VMM process exited".to_owned(),
             e => err_chain(&e),
@@ -536,6 +550,62 @@ fn tick_vm(
     let fast_bytes = vm.store.tier_bytes().fast;
     vm.metrics.max_fast_bytes = vm.metrics.max_fast_bytes.max(fast_bytes);
     Ok(())
+}
+
+/// Re-reads the VM's layout. A changed layout (memory hotplug) restarts tracking on the new
+/// one; a layout that cannot be read while the VM lives (QMP closed) keeps the last one and
+/// marks the VM degraded; a VM that is gone ends its management.
+fn recheck_layout(
+    cfg: &EngineConfig,
+    migrator: &mut dyn Migrator,
+    vm: &mut Vm,
+) -> Result<(), String> {
+    match vm.parts.backend.layout() {
+        Ok(l) if l == vm.layout => {
+            if vm.layout_error.take().is_some() {
+                info!(
+                    "{}: memory layout readable again",
+                    vm.parts.backend.describe()
+                );
+            }
+            Ok(())
+        }
+        Ok(l) => {
+            info!(
+                "{}: memory layout changed ({} -> {}); tracking restarts",
+                vm.parts.backend.describe(),
+                ByteSize(vm.layout.total_bytes()),
+                ByteSize(l.total_bytes())
+            );
+            let store = HotnessStore::new(
+                &l,
+                StoreConfig {
+                    granule_bytes: cfg.granule_bytes,
+                    ..StoreConfig::default()
+                },
+            )
+            .map_err(|e| err_chain(&e))?;
+            vm.parts.source.attach(&l).map_err(|e| err_chain(&e))?;
+            migrator.remove_layout(vm.layout.pid);
+            migrator.add_layout(&l);
+            vm.store = store;
+            vm.layout = l;
+            vm.layout_error = None;
+            Ok(())
+        }
+        Err(BackendError::Gone(e)) => Err(format!("the VM is gone: {}", err_chain(e.as_ref()))),
+        Err(BackendError::Unavailable(e)) => {
+            let why = format!(
+                "cannot re-read the memory layout, keeping the last one: {}",
+                err_chain(e.as_ref())
+            );
+            if vm.layout_error.as_deref() != Some(why.as_str()) {
+                warn!("{}: {why}", vm.parts.backend.describe());
+            }
+            vm.layout_error = Some(why);
+            Ok(())
+        }
+    }
 }
 
 /// Moves granules to `node`; returns how many now count as on `tier`.
@@ -628,13 +698,20 @@ mod tests {
     }
     type World = Arc<Mutex<Pages>>;
 
-    struct FakeBackend(GuestMemoryLayout);
+    /// The layout it reports; `None`: "cannot read it now" (QMP closed).
+    type SharedLayout = Arc<Mutex<Option<GuestMemoryLayout>>>;
+
+    struct FakeBackend(SharedLayout);
     impl VmBackend for FakeBackend {
         fn describe(&self) -> String {
             "fake".into()
         }
         fn layout(&mut self) -> Result<GuestMemoryLayout, BackendError> {
-            Ok(self.0.clone())
+            self.0
+                .lock()
+                .unwrap()
+                .clone()
+                .ok_or_else(|| BackendError::Unavailable("QMP connection closed".into()))
         }
     }
 
@@ -768,7 +845,17 @@ mod tests {
     }
 
     fn parts_of(w: &World, pid: i32, len: u64, hot: &Arc<Mutex<(u64, u64)>>) -> VmParts {
-        let layout = GuestMemoryLayout::new(
+        parts_with(
+            w,
+            pid,
+            len,
+            hot,
+            Arc::new(Mutex::new(Some(one_range(pid, len)))),
+        )
+    }
+
+    fn one_range(pid: i32, len: u64) -> GuestMemoryLayout {
+        GuestMemoryLayout::new(
             ProcessId::new(pid),
             vec![GuestRamRange {
                 name: "ram".into(),
@@ -778,7 +865,16 @@ mod tests {
                 backing: Backing::PrivateAnon,
             }],
         )
-        .unwrap();
+        .unwrap()
+    }
+
+    fn parts_with(
+        w: &World,
+        pid: i32,
+        len: u64,
+        hot: &Arc<Mutex<(u64, u64)>>,
+        layout: SharedLayout,
+    ) -> VmParts {
         let src = FakeSource {
             world: w.clone(),
             pid,
@@ -863,6 +959,51 @@ mod tests {
         }
         assert_eq!(hot_in_dram(&w, 64 * MIB, 16 * MIB), 16 * MIB);
         assert!(hot_in_dram(&w, 0, 16 * MIB) <= 8 * MIB);
+    }
+
+    #[test]
+    fn lost_layout_degrades_and_a_new_one_restarts_tracking() {
+        let len = 64 * MIB;
+        let w = world(len);
+        let hot = Arc::new(Mutex::new((0, 8 * MIB)));
+        let layout: SharedLayout = Arc::new(Mutex::new(Some(one_range(7, len))));
+        let mut e = engine(&w, 1000);
+        let vm: VmId = "g".parse().unwrap();
+        e.attach(
+            vm.clone(),
+            ByteSize(16 * MIB),
+            parts_with(&w, 7, len, &hot, layout.clone()),
+        )
+        .unwrap();
+        let state = |e: &Engine| e.status(&vm).unwrap().summary.state;
+        // refresh_ticks is 5 in these tests.
+        *layout.lock().unwrap() = None;
+        for _ in 0..5 {
+            e.tick();
+        }
+        assert!(
+            state(&e).starts_with("degraded: cannot re-read the memory layout"),
+            "{}",
+            state(&e)
+        );
+        assert_eq!(
+            hot_in_dram(&w, 0, 8 * MIB),
+            8 * MIB,
+            "still managed while degraded"
+        );
+        *layout.lock().unwrap() = Some(one_range(7, len));
+        for _ in 0..5 {
+            e.tick();
+        }
+        assert_eq!(state(&e), "active");
+        // Memory hotplug: the layout grows; tracking restarts on the new one.
+        add_process(&w, 7, 2 * len);
+        *layout.lock().unwrap() = Some(one_range(7, 2 * len));
+        for _ in 0..5 {
+            e.tick();
+        }
+        assert_eq!(e.status(&vm).unwrap().summary.total_bytes, 2 * len);
+        assert_eq!(state(&e), "active");
     }
 
     #[test]

@@ -23,7 +23,9 @@ const QMP_TIMEOUT: Duration = Duration::from_secs(10);
 pub fn build(cfg: &Config, vm: &VmConfig) -> Result<VmParts, String> {
     let err = |e: &dyn std::error::Error| vmtier_core::error_chain(e);
     let backend: Box<dyn VmBackend> = match (&vm.qmp, vm.pid) {
-        (Some(sock), _) => Box::new(QemuBackend::connect(sock, QMP_TIMEOUT).map_err(|e| err(&e))?),
+        (Some(sock), pid) => {
+            Box::new(QemuBackend::connect_to(sock, QMP_TIMEOUT, pid).map_err(|e| err(&e))?)
+        }
         (None, Some(pid)) => Box::new(PidBackend::new(
             pid,
             vm.ranges.iter().map(|r| (r.start, r.len.0)).collect(),

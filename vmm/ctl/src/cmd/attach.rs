@@ -1,4 +1,4 @@
-//! `vmtierctl attach NAME --budget SIZE (--qmp SOCKET | --pid PID --range START:LEN...)`.
+//! `vmtierctl attach NAME --budget SIZE (--qmp SOCKET [--pid PID] | --pid PID --range START:LEN...)`.
 
 use std::path::PathBuf;
 
@@ -16,13 +16,14 @@ pub struct Args {
     #[arg(long)]
     budget: ByteSize,
     /// QEMU's QMP unix socket.
-    #[arg(long, conflicts_with_all = ["pid", "range"])]
+    #[arg(long, conflicts_with = "range")]
     qmp: Option<PathBuf>,
-    /// A plain process to manage instead of a QEMU guest.
-    #[arg(long, requires = "range")]
+    /// With --qmp: QEMU's pid when a proxy serves the socket. Alone (with --range): a plain
+    /// process to manage instead of a QEMU guest.
+    #[arg(long)]
     pid: Option<i32>,
-    /// With --pid: a range START:LEN (START in hex with 0x, LEN with units), repeatable.
-    #[arg(long, value_parser = parse_range)]
+    /// With --pid alone: a range START:LEN (START in hex with 0x, LEN with units), repeatable.
+    #[arg(long, value_parser = parse_range, requires = "pid")]
     range: Vec<RangeConfig>,
 }
 
