@@ -141,6 +141,18 @@ impl Daemon {
         }
     }
 
+    /// Polls `vm`'s state until it starts with `prefix` or `timeout` passes; the last state.
+    pub fn wait_state(&self, vm: &str, prefix: &str, timeout: Duration) -> String {
+        let t = Instant::now();
+        loop {
+            let state = self.status(vm).map(|s| s.summary.state).unwrap_or_default();
+            if state.starts_with(prefix) || t.elapsed() >= timeout {
+                return state;
+            }
+            std::thread::sleep(Duration::from_millis(500));
+        }
+    }
+
     /// SIGTERM, then the exit code.
     pub fn stop(&mut self) -> Option<i32> {
         // SAFETY: kill(2) on our own child's pid; no memory is involved.

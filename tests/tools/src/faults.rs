@@ -311,18 +311,7 @@ pub fn run(c: &mut Checks, a: &FaultsArgs) {
 
     // The QMP connection closes while QEMU runs: the VM stays managed, marked degraded.
     proxy.kill();
-    let mut state = String::new();
-    let t = Instant::now();
-    while t.elapsed() < Duration::from_secs(10) {
-        std::thread::sleep(Duration::from_millis(500));
-        state = d
-            .status("guest")
-            .map(|s| s.summary.state)
-            .unwrap_or_default();
-        if state.starts_with("degraded") {
-            break;
-        }
-    }
+    let state = d.wait_state("guest", "degraded", Duration::from_secs(10));
     c.check(
         state.contains("cannot re-read the memory layout"),
         "QMP closing mid-run degrades the VM, with a reason",
@@ -348,18 +337,7 @@ pub fn run(c: &mut Checks, a: &FaultsArgs) {
     let _ = d.ctl(&["set-budget", "proc", "32M"]);
     std::thread::sleep(Duration::from_millis(1500));
     drop(g);
-    let mut state = String::new();
-    let t = Instant::now();
-    while t.elapsed() < Duration::from_secs(10) {
-        std::thread::sleep(Duration::from_millis(500));
-        state = d
-            .status("guest")
-            .map(|s| s.summary.state)
-            .unwrap_or_default();
-        if state.starts_with("failed") {
-            break;
-        }
-    }
+    let state = d.wait_state("guest", "failed", Duration::from_secs(10));
     c.check(
         state.contains("VMM process exited"),
         "QEMU exiting mid-run fails that VM with a reason",

@@ -175,6 +175,19 @@ impl Guest {
         }
     }
 
+    /// The touch counter of the latest `WG progress` line (0 before the first).
+    pub fn touches(&self) -> u64 {
+        self.seen
+            .iter()
+            .rev()
+            .find_map(|l| {
+                l.starts_with("WG progress")
+                    .then(|| num(l, "touches"))
+                    .flatten()
+            })
+            .unwrap_or(0)
+    }
+
     /// Drains lines already received.
     pub fn poll(&mut self) {
         while let Ok(line) = self.lines.try_recv() {
@@ -406,16 +419,7 @@ pub fn run(c: &mut Checks, a: &GuestArgs) {
         }
         // The guest keeps running between rounds: its touch counter advances.
         let _ = g.wait_for("WG progress", Duration::from_secs(60));
-        let touches = g
-            .seen
-            .iter()
-            .rev()
-            .find_map(|l| {
-                l.starts_with("WG progress")
-                    .then(|| num(l, "touches"))
-                    .flatten()
-            })
-            .unwrap_or(0);
+        let touches = g.touches();
         c.check(
             touches > last_touches,
             &format!("round {round}: guest runs during migration"),

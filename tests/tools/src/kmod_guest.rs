@@ -151,16 +151,7 @@ pub fn run(c: &mut Checks, a: &KmodGuestArgs) {
             g.poll();
         }
         let _ = g.wait_for("WG progress", Duration::from_secs(60));
-        let touches = g
-            .seen
-            .iter()
-            .rev()
-            .find_map(|l| {
-                l.starts_with("WG progress")
-                    .then(|| num(l, "touches"))
-                    .flatten()
-            })
-            .unwrap_or(0);
+        let touches = g.touches();
         c.check(
             touches > last_touches,
             &format!("round {round}: guest runs during migration"),
