@@ -6,7 +6,7 @@ TARGET := $(CURDIR)/target
 BIN := $(TARGET)/release
 GUEST := $(TARGET)/workload-guest/workload.elf
 
-.PHONY: all deps build guest demo test test-unit test-guest test-testbed lint testbed clean bench bench-policies kmod bench-kmod
+.PHONY: all deps build guest demo test test-unit test-guest test-testbed lint testbed clean bench bench-policies kmod bench-kmod bench-e2e
 
 all: build
 
@@ -45,7 +45,7 @@ test-testbed:
 	tests/testbed/suite
 
 # Benchmarks print tables and write JSON under target/bench/; they assert nothing about speed.
-bench: bench-policies
+bench: bench-policies bench-e2e
 
 # Policies on the trace suite vs the oracle, plus the 1 TiB scale figures (docs/policies.md).
 bench-policies: deps
@@ -70,3 +70,10 @@ bench-kmod: build
 	tests/testbed/run --quiet --timeout 900 -- $(BIN)/tbcheck kmod-bench --ko-dir $(TARGET)/kmod --out $(TARGET)/bench/kmod.json; \
 	rc=$$?; run=$$(ls -td $(TARGET)/testbed/runs/*/ | head -n 1); \
 	sed -n '/^engine /,/^json /p' $$run/console.log; exit $$rc
+
+# vmtierd vs NUMA balancing (tiering mode) vs DAMOS migrate_hot/cold on the same guest under
+# the same physical DRAM budget, in one testbed run: table + target/bench/e2e.json (docs/daemon.md).
+bench-e2e: build
+	tests/testbed/run --quiet --timeout 600 -- $(BIN)/tbcheck bench-e2e --elf $(GUEST) --out $(TARGET)/bench/e2e.json; \
+	rc=$$?; run=$$(ls -td $(TARGET)/testbed/runs/*/ | head -n 1); \
+	sed -n '/^bench-e2e:/,/ passed, [0-9]* failed$$/p' $$run/console.log | grep -v '^\[ *[0-9.]*\]'; exit $$rc

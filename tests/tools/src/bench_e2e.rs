@@ -136,7 +136,8 @@ fn node_watermark(node: u32) -> u64 {
 
 /// Physical range `[start, end)` of a node's memory blocks.
 fn node_phys_range(node: u32) -> Option<(u64, u64)> {
-    let block = u64::from_str_radix(&read("/sys/devices/system/memory/block_size_bytes"), 16).ok()?;
+    let block =
+        u64::from_str_radix(&read("/sys/devices/system/memory/block_size_bytes"), 16).ok()?;
     let ids: Vec<u64> = fs::read_dir(format!("/sys/devices/system/node/node{node}"))
         .ok()?
         .flatten()
@@ -279,14 +280,26 @@ impl Kdamond {
             write(&format!("{t}/regions/0/start"), &s.to_string())?;
             write(&format!("{t}/regions/0/end"), &e.to_string())?;
         }
-        write(&format!("{ctx}/schemes/nr_schemes"), &schemes.len().to_string())?;
+        write(
+            &format!("{ctx}/schemes/nr_schemes"),
+            &schemes.len().to_string(),
+        )?;
         for (i, s) in schemes.iter().enumerate() {
             let d = format!("{ctx}/schemes/{i}");
             write(&format!("{d}/action"), s.action)?;
             write(&format!("{d}/target_nid"), &s.target_nid.to_string())?;
             let ap = format!("{d}/access_pattern");
-            write(&format!("{ap}/nr_accesses/min"), &s.nr_accesses.0.to_string())?;
-            write(&format!("{ap}/nr_accesses/max"), &s.nr_accesses.1.to_string())?;
+            // The sysfs default for `sz` (and `age`) max is 0, which matches nothing.
+            write(&format!("{ap}/sz/min"), "0")?;
+            write(&format!("{ap}/sz/max"), &u64::MAX.to_string())?;
+            write(
+                &format!("{ap}/nr_accesses/min"),
+                &s.nr_accesses.0.to_string(),
+            )?;
+            write(
+                &format!("{ap}/nr_accesses/max"),
+                &s.nr_accesses.1.to_string(),
+            )?;
             write(&format!("{ap}/age/min"), &s.age.0.to_string())?;
             write(&format!("{ap}/age/max"), &s.age.1.to_string())?;
             let q = format!("{d}/quotas");
@@ -299,9 +312,8 @@ impl Kdamond {
             if goal_probe.is_none() && Path::new(&format!("{q}/goals/nr_goals")).exists() {
                 // A quota goal on node 0's use (what a tiering setup wants) — not in 6.12.
                 write(&format!("{q}/goals/nr_goals"), "1")?;
-                *goal_probe = Some(
-                    write(&format!("{q}/goals/0/target_metric"), "node_mem_used_bp").is_ok(),
-                );
+                *goal_probe =
+                    Some(write(&format!("{q}/goals/0/target_metric"), "node_mem_used_bp").is_ok());
                 write(&format!("{q}/goals/nr_goals"), "0")?;
             }
             let mut filters = Vec::new();
@@ -320,7 +332,10 @@ impl Kdamond {
                     ("matching", "Y".to_owned()),
                 ]);
             }
-            write(&format!("{d}/filters/nr_filters"), &filters.len().to_string())?;
+            write(
+                &format!("{d}/filters/nr_filters"),
+                &filters.len().to_string(),
+            )?;
             for (j, f) in filters.iter().enumerate() {
                 for (file, v) in f {
                     write(&format!("{d}/filters/{j}/{file}"), v)?;
@@ -356,8 +371,7 @@ impl Drop for Kdamond {
     fn drop(&mut self) {
         let _ = write(&format!("{DAMON}/0/state"), "off");
         let t = Instant::now();
-        while read(&format!("{DAMON}/0/state")) == "on" && t.elapsed() < Duration::from_secs(10)
-        {
+        while read(&format!("{DAMON}/0/state")) == "on" && t.elapsed() < Duration::from_secs(10) {
             std::thread::sleep(Duration::from_millis(50));
         }
         let _ = write(&format!("{DAMON}/nr_kdamonds"), "0");
@@ -509,13 +523,12 @@ struct Ctx<'a> {
 fn run_one(c: &mut Checks, cx: &mut Ctx<'_>, m: Manager) -> Option<Value> {
     let a = cx.a;
     let name = m.name();
-    println!("== {name}: {} guest, hot set {}, budget {}", a.ram, a.hot, a.budget);
-    // Every manager but NUMA balancing runs with it off; kernel demotion is on for it only.
-    let phase = match m {
-        Manager::NumaBalancing => ("0", "false"),
-        _ => ("0", "false"),
-    };
-    if let Err(e) = Sysctls::set(phase.0, phase.1) {
+    println!(
+        "== {name}: {} guest, hot set {}, budget {}",
+        a.ram, a.hot, a.budget
+    );
+    // NUMA balancing and kernel demotion are off except while NUMA balancing is measured.
+    if let Err(e) = Sysctls::set("0", "false") {
         c.fatal(&format!("{name}: set numa_balancing/demotion"), e);
         return None;
     }
@@ -525,8 +538,14 @@ fn run_one(c: &mut Checks, cx: &mut Ctx<'_>, m: Manager) -> Option<Value> {
     }
     let append = format!("hot={}K report=5 duration=900", a.hot.0 >> 10);
     let node = (a.policy != "default").then_some(1);
-    let started =
-        Guest::start_with_policy("qemu-system-x86_64", &a.elf, a.ram, node, &a.policy, &append);
+    let started = Guest::start_with_policy(
+        "qemu-system-x86_64",
+        &a.elf,
+        a.ram,
+        node,
+        &a.policy,
+        &append,
+    );
     let left = join_cgroup(false);
     let mut g = match started {
         Ok(g) => g,
@@ -571,7 +590,11 @@ fn run_one(c: &mut Checks, cx: &mut Ctx<'_>, m: Manager) -> Option<Value> {
     if !c.check(
         on1 + res.not_present >= total - total / 100 && on1 > total / 2,
         &format!("{name}: guest RAM starts on node 1 (policy {})", a.policy),
-        format!("{:?}, not present {}", res.per_node, ByteSize(res.not_present)),
+        format!(
+            "{:?}, not present {}",
+            res.per_node,
+            ByteSize(res.not_present)
+        ),
     ) {
         return None;
     }
@@ -824,7 +847,11 @@ fn run_one(c: &mut Checks, cx: &mut Ctx<'_>, m: Manager) -> Option<Value> {
     c.check(
         corrupted == Some(0),
         &format!("{name}: guest reports zero corrupted words"),
-        if done.is_empty() { "no 'WG done'" } else { &done },
+        if done.is_empty() {
+            "no 'WG done'"
+        } else {
+            &done
+        },
     );
     if let Some(e) = broken {
         c.fatal(&format!("{name}: sampling"), e);
@@ -837,8 +864,10 @@ fn run_one(c: &mut Checks, cx: &mut Ctx<'_>, m: Manager) -> Option<Value> {
             .unwrap_or(0)
             .saturating_sub(before.get(k).copied().unwrap_or(0))
     };
-    let vmstat: serde_json::Map<String, Value> =
-        COUNTERS.iter().map(|k| ((*k).to_owned(), json!(delta(k)))).collect();
+    let vmstat: serde_json::Map<String, Value> = COUNTERS
+        .iter()
+        .map(|k| ((*k).to_owned(), json!(delta(k))))
+        .collect();
     let max_dram = dram_series.iter().copied().max().unwrap_or(0);
     Some(json!({
         "manager": name,
@@ -911,15 +940,14 @@ pub fn run(c: &mut Checks, a: &BenchE2eArgs) {
         .iter()
         .filter_map(|&m| run_one(c, &mut cx, m))
         .collect();
+    let want = format!("{}/{}", saved.numab, saved.demotion);
     drop(saved);
-    let (nb, dm) = (read(NUMAB), read(DEMOTION));
-    let orig = Sysctls::save();
+    let now = format!("{}/{}", read(NUMAB), read(DEMOTION));
     c.check(
-        true,
+        now == want,
         "numa_balancing and demotion_enabled restored",
-        format!("{nb}/{dm}"),
+        &now,
     );
-    std::mem::forget(orig);
     c.check(
         kdamonds_on() == 0,
         "no kdamond left running",

@@ -2,6 +2,7 @@
 //! `ok - NAME: detail` or `not ok - NAME: detail` per assertion and exits non-zero if any
 //! failed.
 
+mod bench_e2e;
 mod check;
 mod daemon;
 mod faults;
@@ -46,6 +47,8 @@ enum Cmd {
     KmodGuest(kmod_guest::KmodGuestArgs),
     /// move_pages(2) vs the vmtier module's engines: GB/s table and JSON (emulated here).
     KmodBench(kmod_bench::KmodBenchArgs),
+    /// vmtierd vs NUMA balancing vs DAMOS on the same guest: table and JSON (figures only).
+    BenchE2e(bench_e2e::BenchE2eArgs),
 }
 
 fn main() -> ExitCode {
@@ -60,6 +63,7 @@ fn main() -> ExitCode {
         Cmd::Kmod(a) => kmod::run(&mut c, &a),
         Cmd::KmodGuest(a) => kmod_guest::run(&mut c, &a),
         Cmd::KmodBench(a) => kmod_bench::run(&mut c, &a),
+        Cmd::BenchE2e(a) => bench_e2e::run(&mut c, &a),
         Cmd::Sources(a) => sources::run(&mut c, &a),
     }
     c.finish()
