@@ -32,6 +32,12 @@ pub struct Config {
     pub promote_min_heat: u8,
     /// A slow granule displaces a fast one only if hotter by at least this much.
     pub swap_margin: u8,
+    /// ... and only if at least this hot (0..=31; default 0, off). Above 16 — more than one
+    /// hot observation window can give — only a granule seen hot in consecutive ticks
+    /// displaces another, so a one-off pass over memory (a scan, a checksum sweep) fills free
+    /// DRAM at most but never churns what is resident. It costs hit ratio where a steady
+    /// lukewarm tail matters (docs/policies.md).
+    pub swap_min_heat: u8,
     /// Ticks a granule stays put after a move (0..=3) unless the budget forces it out.
     pub min_move_age: u8,
     /// Heat given to granules in a guest's hot hint (0 = ignore hints).
@@ -46,6 +52,7 @@ impl Default for Config {
         Self {
             promote_min_heat: 4,
             swap_margin: 8,
+            swap_min_heat: 0,
             min_move_age: 3,
             hot_hint_heat: 0,
             headroom_permille: 0,
@@ -118,6 +125,7 @@ impl PlacementPolicy for DefaultPolicy {
         let rules = Rules {
             min_promote: self.cfg.promote_min_heat,
             margin: self.cfg.swap_margin,
+            swap_min: self.cfg.swap_min_heat,
             demote_below: BUCKETS as u8,
             demote_cold_always: false,
             min_move_age: self.cfg.min_move_age,

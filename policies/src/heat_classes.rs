@@ -65,6 +65,7 @@ impl PlacementPolicy for HeatClasses {
         let rules = Rules {
             min_promote: hot,
             margin: 1,
+            swap_min: 0,
             demote_below: hot,
             demote_cold_always: true,
             min_move_age: 0,

@@ -83,6 +83,7 @@ impl PlacementPolicy for Memtis {
         let rules = Rules {
             min_promote: hot,
             margin: 1,
+            swap_min: 0,
             demote_below: hot.saturating_sub(1).max(1),
             demote_cold_always: false,
             min_move_age: 0,

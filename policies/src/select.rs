@@ -28,6 +28,9 @@ pub struct Rules {
     pub min_promote: u8,
     /// A swap needs the promoted bucket ≥ the demoted bucket + `margin` (≥ 1).
     pub margin: u8,
+    /// A swap needs the promoted bucket ≥ `swap_min` too: displacing a resident granule takes
+    /// a granule that is clearly hot, while free room is filled from `min_promote` up.
+    pub swap_min: u8,
     /// Only fast granules below this bucket are demoted by swaps (`BUCKETS` = any).
     pub demote_below: u8,
     /// Demote every settled fast granule below `demote_below`, even with room to spare.
@@ -132,7 +135,12 @@ pub fn quotas(h: &Histogram, budget: u64, max_moves: u64, rules: &Rules) -> Quot
         while bf < BUCKETS && fast_rem[bf] == 0 {
             bf += 1;
         }
-        if bf >= BUCKETS || bf >= below || slow_rem[bs] == 0 || bs < bf + margin {
+        if bf >= BUCKETS
+            || bf >= below
+            || slow_rem[bs] == 0
+            || bs < bf + margin
+            || bs < usize::from(rules.swap_min)
+        {
             break;
         }
         let k = slow_rem[bs].min(fast_rem[bf]).min(moves / 2);
@@ -260,6 +268,7 @@ mod tests {
     const RULES: Rules = Rules {
         min_promote: 2,
         margin: 2,
+        swap_min: 0,
         demote_below: BUCKETS as u8,
         demote_cold_always: false,
         min_move_age: 3,
@@ -289,6 +298,30 @@ mod tests {
             let ids = |v: &[Granule]| v.iter().map(|g| g.0).collect::<Vec<_>>();
             assert_eq!(ids(&plan.promote), promote, "{spec:?}");
             assert_eq!(ids(&plan.demote), demote, "{spec:?}");
+        }
+    }
+
+    #[test]
+    fn swap_min_keeps_lukewarm_granules_from_displacing_residents() {
+        use Tier::{Fast as F, Slow as S};
+        // (slow heat, swap_min) -> swapped?
+        for (heat, swap_min, swapped) in [(9, 0, true), (9, 10, false), (17, 10, true)] {
+            let r = recs(&[(heat, S), (0, F)]);
+            let input = PolicyInput::from_records(0, 4096, &r, 1, 10);
+            let rules = Rules { swap_min, ..RULES };
+            let plan = plan_by_key(&input, &rules, |_, r| r.heat());
+            assert_eq!(
+                !plan.promote.is_empty(),
+                swapped,
+                "heat {heat} swap_min {swap_min}"
+            );
+            // Free room is still filled regardless of swap_min.
+            let r = recs(&[(heat, S)]);
+            let input = PolicyInput::from_records(0, 4096, &r, 1, 10);
+            assert_eq!(
+                plan_by_key(&input, &rules, |_, r| r.heat()).promote.len(),
+                1
+            );
         }
     }
 

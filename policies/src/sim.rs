@@ -547,7 +547,7 @@ pub fn run_logged(
                 let c = (u32::from(r.nr_accesses) * gain / u32::from(scans)) as u8;
                 let (a, b) = (r.start.index(), r.start.index() + r.len as usize);
                 for rec in &mut records[a..b] {
-                    *rec = rec.with_heat(rec.heat() / 2 + c);
+                    *rec = rec.cooled().observed(c);
                 }
             }
         } else if source != TrackingSource::None {
@@ -557,8 +557,7 @@ pub fn run_logged(
                 } else {
                     mask[g].count_ones() * gain / u32::from(scans)
                 };
-                let h = records[g].heat();
-                records[g] = records[g].with_heat(h / 2 + c as u8);
+                records[g] = records[g].cooled().observed(c as u8);
             }
         }
         let obs: &[u16] = match source {

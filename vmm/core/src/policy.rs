@@ -107,6 +107,30 @@ impl HeatRecord {
         Self((self.0 & !Self::MAX_HEAT) | heat.min(Self::MAX_HEAT))
     }
 
+    /// Heat a fully accessed observation window adds ([`Self::heat_gain`]).
+    pub const HEAT_GAIN: u8 = 16;
+
+    /// The heat rule shared by vmtierd's hotness store and the simulator: each tick, heat
+    /// halves, then gains `gain` (0..=[`Self::HEAT_GAIN`], the tick's observed access
+    /// fraction scaled). One hot window gives at most 16; only granules seen hot tick after
+    /// tick climb to 31 (16, 24, 28, 30, 31), so a one-off pass over memory (a scan, a
+    /// checksum sweep) cannot look like a working set.
+    pub fn cooled(self) -> Self {
+        self.with_heat(self.heat() / 2)
+    }
+
+    /// Adds an observation's heat (saturating at [`Self::MAX_HEAT`]); see [`Self::cooled`].
+    pub fn observed(self, gain: u8) -> Self {
+        self.with_heat(self.heat().saturating_add(gain))
+    }
+
+    /// The gain of an observation that found the granule accessed in `hits` of `samples`.
+    pub fn heat_gain(hits: u32, samples: u32) -> u8 {
+        let g =
+            u64::from(hits.min(samples)) * u64::from(Self::HEAT_GAIN) / u64::from(samples.max(1));
+        u8::try_from(g).unwrap_or(Self::HEAT_GAIN)
+    }
+
     /// The record one tick later: move age advanced by one (saturating).
     pub fn aged(self) -> Self {
         Self::new(self.heat(), self.tier(), self.move_age().saturating_add(1))
@@ -300,6 +324,40 @@ mod tests {
             assert_eq!(r.recently_moved(), age < 3);
         }
         assert_eq!(std::mem::size_of::<HeatRecord>(), 1);
+    }
+
+    #[test]
+    fn heat_accumulates_only_when_seen_tick_after_tick() {
+        let step = |r: HeatRecord, g: u8| r.cooled().observed(g);
+        let mut r = HeatRecord::default();
+        let mut seen = Vec::new();
+        for _ in 0..5 {
+            r = step(r, HeatRecord::HEAT_GAIN);
+            seen.push(r.heat());
+        }
+        assert_eq!(seen, vec![16, 24, 28, 30, 31]);
+        // A one-off hot window, then nothing: it never passes 16 and fades.
+        let mut once = step(HeatRecord::default(), HeatRecord::HEAT_GAIN);
+        let mut fade = vec![once.heat()];
+        for _ in 0..3 {
+            once = step(once, 0);
+            fade.push(once.heat());
+        }
+        assert_eq!(fade, vec![16, 8, 4, 2]);
+        let gains = [
+            ((0, 20), 0),
+            ((5, 20), 4),
+            ((20, 20), 16),
+            ((30, 20), 16),
+            ((1, 0), 0),
+        ];
+        for ((hits, samples), want) in gains {
+            assert_eq!(
+                HeatRecord::heat_gain(hits, samples),
+                want,
+                "{hits}/{samples}"
+            );
+        }
     }
 
     #[test]

@@ -12,7 +12,7 @@
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
-use log::{info, warn};
+use log::{debug, info, warn};
 use vmtier_core::backend::{Error as BackendError, VmBackend};
 use vmtier_core::hotness::{Error as SourceError, HotnessSource};
 use vmtier_core::migrate::{
@@ -497,6 +497,25 @@ fn tick_vm(
     let input = PolicyInput::from_records(vm.tick, g, vm.store.records(), budget, max_moves);
     let mut fast_used = input.fast_used();
     let plan = vm.parts.policy.plan(&input);
+    if log::log_enabled!(log::Level::Debug) && !(plan.promote.is_empty() && plan.demote.is_empty())
+    {
+        let show = |gs: &[Granule]| -> String {
+            gs.iter()
+                .map(|&g| {
+                    let gpa = vm.store.span(g).map_or(0, |s| s.gpa.0);
+                    format!("{:#x}:{}", gpa, vm.store.records()[g.index()].heat())
+                })
+                .collect::<Vec<_>>()
+                .join(" ")
+        };
+        debug!(
+            "{}: tick {}: fast {fast_used}/{budget} granules; promote [{}]; demote [{}] (gpa:heat)",
+            vm.parts.backend.describe(),
+            vm.tick,
+            show(&plan.promote),
+            show(&plan.demote)
+        );
+    }
 
     // Demotions first: what the policy asks, and more if DRAM is over budget (a budget
     // lowered at runtime), coldest first.

@@ -11,13 +11,14 @@
 //!
 //! # Heat
 //!
-//! Each tick ([`HotnessStore::tick`]) every granule's heat decays by
-//! `ceil(heat / 2^decay_shift)` (so it always reaches 0) and its move age advances; then the
-//! tick's reports are folded in ([`HotnessStore::observe`]): a granule's heat becomes the
-//! larger of its decayed heat and the heat of the hottest report overlapping it
-//! (`ceil(freq / 8)`, 0..=31). Heat is thus a peak that is held and released exponentially:
-//! one hot window is enough to rank a granule hot, a cold granule cools down over
-//! `~2^decay_shift` ticks. Granules no report covers only decay.
+//! The rule is [`HeatRecord::cooled`]/[`HeatRecord::observed`], the one the trace
+//! simulator evaluates policies with: each tick ([`HotnessStore::tick`]) every granule's heat
+//! halves and its move age advances; then the tick's reports are folded in
+//! ([`HotnessStore::observe`]): a report of frequency `freq` (0..=255) adds
+//! `freq * 16 / 255`. One hot window therefore gives at most 16; a granule seen hot tick
+//! after tick climbs to 31; a one-off pass (a scan, a checksum sweep) fades in a few ticks.
+//! A granule that two adjacent reports share gains the larger of the two. Granules no report
+//! covers only cool.
 //!
 //! # Memory
 //!
@@ -37,9 +38,6 @@ pub enum Error {
     /// The layout has more granules than a [`Granule`] can index.
     #[error("Too many granules for one VM")]
     TooManyGranules,
-    /// A decay shift outside 1..=7.
-    #[error("Invalid decay shift {0}: expected 1 to 7")]
-    DecayShift(u8),
 }
 
 /// Number of buckets of [`Histogram`].
@@ -106,16 +104,12 @@ pub struct GranuleSpan {
 pub struct StoreConfig {
     /// Bytes per granule: a power of two, 4 KiB ..= 2 MiB. Default 4 KiB.
     pub granule_bytes: u64,
-    /// Each tick heat loses `ceil(heat / 2^decay_shift)`; 1..=7. Default 2 (a quarter per
-    /// tick: a saturated granule reaches 0 after about 10 ticks without access).
-    pub decay_shift: u8,
 }
 
 impl Default for StoreConfig {
     fn default() -> Self {
         Self {
             granule_bytes: 4096,
-            decay_shift: 2,
         }
     }
 }
@@ -125,7 +119,6 @@ impl Default for StoreConfig {
 pub struct HotnessStore {
     granule_bytes: u64,
     shift: u32,
-    decay_shift: u8,
     spans: Vec<Span>,
     records: Vec<HeatRecord>,
 }
@@ -135,13 +128,9 @@ fn div_ceil_pow2(a: u64, s: u32) -> u64 {
     (a >> s) + u64::from(a & ((1u64 << s) - 1) != 0)
 }
 
-/// The heat (0..=31) a report of frequency `freq` (0..=255) stands for.
-pub fn freq_to_heat(freq: u8) -> u8 {
-    // (255 + 7) / 8 = 32 saturates to 31 below.
-    let h = (u16::from(freq) + 7) >> 3;
-    u8::try_from(h)
-        .unwrap_or(HeatRecord::MAX_HEAT)
-        .min(HeatRecord::MAX_HEAT)
+/// The heat gain (0..=16) of a report of frequency `freq` (0..=255).
+pub fn freq_to_gain(freq: u8) -> u8 {
+    HeatRecord::heat_gain(u32::from(freq), 255)
 }
 
 impl HotnessStore {
@@ -150,9 +139,6 @@ impl HotnessStore {
         let g = config.granule_bytes;
         if !g.is_power_of_two() || !(4096..=2 << 20).contains(&g) {
             return Err(Error::GranuleSize(g));
-        }
-        if !(1..=7).contains(&config.decay_shift) {
-            return Err(Error::DecayShift(config.decay_shift));
         }
         let shift = g.trailing_zeros();
         let mut spans = Vec::with_capacity(layout.ranges.len());
@@ -177,7 +163,6 @@ impl HotnessStore {
         Ok(Self {
             granule_bytes: g,
             shift,
-            decay_shift: config.decay_shift,
             spans,
             records: vec![HeatRecord::default(); n],
         })
@@ -220,15 +205,10 @@ impl HotnessStore {
         self.memory_bytes() as f64 / pages as f64
     }
 
-    /// Advances one tick: heat decays, move ages advance. Call before [`Self::observe`].
+    /// Advances one tick: heat halves, move ages advance. Call before [`Self::observe`].
     pub fn tick(&mut self) {
-        let s = u32::from(self.decay_shift);
         for r in &mut self.records {
-            let h = u64::from(r.heat());
-            let loss = div_ceil_pow2(h, s);
-            // loss <= h <= 31.
-            let left = u8::try_from(h - loss).unwrap_or(0);
-            *r = r.with_heat(left).aged();
+            *r = r.cooled().aged();
         }
     }
 
@@ -236,12 +216,16 @@ impl HotnessStore {
     /// guest RAM (ignored).
     pub fn observe(&mut self, reports: &[RegionAccess]) -> u64 {
         let mut outside = 0u64;
+        // The granule the previous report ended in and the gain it added there: sources
+        // report in address order, so a granule cut by a report boundary is seen twice in a
+        // row and keeps the larger gain.
+        let mut last: Option<(usize, u8)> = None;
         for a in reports {
             let Some(end) = a.start.raw().checked_add(a.len) else {
                 outside = outside.saturating_add(a.len);
                 continue;
             };
-            let heat = freq_to_heat(a.freq);
+            let gain = freq_to_gain(a.freq);
             let mut covered = 0u64;
             for s in &self.spans {
                 // Layout construction checked hva + len fits.
@@ -258,11 +242,18 @@ impl HotnessStore {
                 let first = s.first as usize;
                 for g in g0..=g1 {
                     let i = first + g as usize;
-                    let r = self.records[i];
-                    if heat > r.heat() {
-                        self.records[i] = r.with_heat(heat);
-                    }
+                    let add = match last {
+                        Some((j, prev)) if j == i => gain.saturating_sub(prev),
+                        _ => gain,
+                    };
+                    self.records[i] = self.records[i].observed(add);
                 }
+                let i_end = first + g1 as usize;
+                let prev = match last {
+                    Some((j, p)) if j == i_end && g0 == g1 => p.max(gain),
+                    _ => gain,
+                };
+                last = Some((i_end, prev));
             }
             outside = outside.saturating_add(a.len.saturating_sub(covered));
         }
@@ -380,7 +371,6 @@ mod tests {
             &layout(ranges),
             StoreConfig {
                 granule_bytes: granule,
-                decay_shift: 2,
             },
         )
         .unwrap()
@@ -394,41 +384,32 @@ mod tests {
     fn config_is_checked() {
         let l = layout(&[(0, A, 1 << 20)]);
         let cases = [
-            (4096, 2, None),
-            (2 << 20, 7, None),
-            (8192, 1, None),
-            (2048, 2, Some(Error::GranuleSize(2048))),
-            (4 << 20, 2, Some(Error::GranuleSize(4 << 20))),
-            (12288, 2, Some(Error::GranuleSize(12288))),
-            (4096, 0, Some(Error::DecayShift(0))),
-            (4096, 8, Some(Error::DecayShift(8))),
+            (4096, None),
+            (2 << 20, None),
+            (8192, None),
+            (2048, Some(Error::GranuleSize(2048))),
+            (4 << 20, Some(Error::GranuleSize(4 << 20))),
+            (12288, Some(Error::GranuleSize(12288))),
         ];
-        for (g, d, want) in cases {
-            let got = HotnessStore::new(
-                &l,
-                StoreConfig {
-                    granule_bytes: g,
-                    decay_shift: d,
-                },
-            )
-            .err();
-            assert_eq!(got, want, "granule {g} decay {d}");
+        for (g, want) in cases {
+            let got = HotnessStore::new(&l, StoreConfig { granule_bytes: g }).err();
+            assert_eq!(got, want, "granule {g}");
         }
     }
 
     #[test]
-    fn freq_maps_to_heat() {
+    fn freq_maps_to_gain() {
         let cases = [
             (0, 0),
-            (1, 1),
-            (8, 1),
-            (9, 2),
-            (128, 16),
-            (248, 31),
-            (255, 31),
+            (15, 0),
+            (16, 1),
+            (64, 4),
+            (128, 8),
+            (254, 15),
+            (255, 16),
         ];
-        for (f, h) in cases {
-            assert_eq!(freq_to_heat(f), h, "freq {f}");
+        for (f, g) in cases {
+            assert_eq!(freq_to_gain(f), g, "freq {f}");
         }
     }
 
@@ -467,7 +448,7 @@ mod tests {
         }
         let mut s = s;
         s.observe(&[acc(A + 2 * m, 2 * m, 255)]);
-        assert_eq!(heats(&s), vec![0, 31, 0]);
+        assert_eq!(heats(&s), vec![0, 16, 0]);
         s.set_tier(Granule(0), Tier::Fast);
         assert_eq!(
             s.tier_bytes(),
@@ -537,37 +518,43 @@ mod tests {
             (
                 "exact granule",
                 vec![acc(A + 16 * k, 16 * k, 255)],
-                vec![0, 31, 0, 0, 0],
+                vec![0, 16, 0, 0, 0],
                 0,
             ),
             (
                 "one page touches g2",
                 vec![acc(A + 40 * k, 4 * k, 80)],
-                vec![0, 0, 10, 0, 0],
+                vec![0, 0, 5, 0, 0],
                 0,
             ),
             (
                 "straddles g0/g1",
-                vec![acc(A + 12 * k, 8 * k, 16)],
+                vec![acc(A + 12 * k, 8 * k, 32)],
                 vec![2, 2, 0, 0, 0],
                 0,
             ),
             (
-                "max of overlapping reports",
-                vec![acc(A, 64 * k, 16), acc(A + 48 * k, 4 * k, 255)],
-                vec![2, 2, 2, 31, 0],
+                "a granule two reports share keeps the larger gain",
+                vec![acc(A, 52 * k, 32), acc(A + 52 * k, 4 * k, 255)],
+                vec![2, 2, 2, 16, 0],
+                0,
+            ),
+            (
+                "... also when the larger comes first",
+                vec![acc(A + 48 * k, 4 * k, 255), acc(A + 52 * k, 12 * k, 32)],
+                vec![0, 0, 0, 16, 0],
                 0,
             ),
             (
                 "spills out of the range",
                 vec![acc(A + 60 * k, 12 * k, 255)],
-                vec![0, 0, 0, 31, 0],
+                vec![0, 0, 0, 16, 0],
                 8 * k,
             ),
             (
                 "second range",
                 vec![acc(A + (1 << 20), 4 * k, 255)],
-                vec![0, 0, 0, 0, 31],
+                vec![0, 0, 0, 0, 16],
                 0,
             ),
             (
@@ -593,21 +580,23 @@ mod tests {
     }
 
     #[test]
-    fn heat_decays_exponentially_to_zero() {
+    fn heat_accumulates_while_seen_and_halves_when_not() {
+        // Seen hot every tick: 16, 24, 28, 30, 31; then never again: halving to 0.
         let mut s = store(&[(0, A, 4096)], 4096);
-        s.observe(&[acc(A, 4096, 255)]);
-        let mut seen = vec![s.records()[0].heat()];
-        for _ in 0..12 {
+        let mut seen = Vec::new();
+        for t in 0..12 {
             s.tick();
+            if t < 5 {
+                s.observe(&[acc(A, 4096, 255)]);
+            }
             seen.push(s.records()[0].heat());
         }
-        // 31 - ceil(31/4)=8 -> 23 - 6 -> 17 - 5 -> 12 - 3 -> 9 - 3 -> 6 - 2 -> 4 - 1 -> 3 - 1 ...
-        assert_eq!(seen, vec![31, 23, 17, 12, 9, 6, 4, 3, 2, 1, 0, 0, 0]);
-        // A weaker report does not lower the heat; a stronger one raises it.
+        assert_eq!(seen, vec![16, 24, 28, 30, 31, 15, 7, 3, 1, 0, 0, 0]);
+        // A one-off hot window never looks like a working set: at most 16.
         let mut s = store(&[(0, A, 4096)], 4096);
-        s.observe(&[acc(A, 4096, 160)]);
-        s.observe(&[acc(A, 4096, 8)]);
-        assert_eq!(s.records()[0].heat(), 20);
+        s.tick();
+        s.observe(&[acc(A, 4096, 255)]);
+        assert_eq!(s.records()[0].heat(), 16);
     }
 
     #[test]
@@ -621,7 +610,8 @@ mod tests {
         assert_eq!((r[0].tier(), r[0].recently_moved()), (Tier::Fast, false));
         assert_eq!((r[1].tier(), r[1].move_age()), (Tier::Fast, 0));
         let h = s.histogram();
-        assert_eq!(h.fast, [0, 1, 0, 0, 0, 0, 0, 1]);
+        // Heat 16 (bucket 4) and 2 (bucket 0).
+        assert_eq!(h.fast, [1, 0, 0, 0, 1, 0, 0, 0]);
         assert_eq!(h.slow, [6, 0, 0, 0, 0, 0, 0, 0]);
         assert_eq!(
             s.tier_bytes(),
