@@ -225,7 +225,6 @@ impl Engine {
             &layout,
             StoreConfig {
                 granule_bytes: self.cfg.granule_bytes,
-                ..StoreConfig::default()
             },
         )
         .map_err(|e| Error::Store(name.clone(), e))?;
@@ -600,7 +599,6 @@ fn recheck_layout(
                 &l,
                 StoreConfig {
                     granule_bytes: cfg.granule_bytes,
-                    ..StoreConfig::default()
                 },
             )
             .map_err(|e| err_chain(&e))?;
