@@ -45,7 +45,7 @@ test-testbed:
 	tests/testbed/suite
 
 # Benchmarks print tables and write JSON under target/bench/; they assert nothing about speed.
-bench: bench-policies bench-e2e
+bench: bench-policies bench-kmod bench-e2e
 
 # Policies on the trace suite vs the oracle, plus the 1 TiB scale figures (docs/policies.md).
 bench-policies: deps

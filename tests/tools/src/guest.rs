@@ -47,6 +47,8 @@ pub struct Guest {
     lines: Receiver<String>,
     /// Every `WG` line seen so far.
     pub seen: Vec<String>,
+    /// Keeps accessed bits honest under TCG while the guest runs.
+    _churn: TlbChurn,
     /// Print the guest's lines as they arrive (default on).
     pub echo: bool,
     /// QMP socket path.
@@ -138,6 +140,7 @@ impl Guest {
             stdin,
             lines,
             seen: Vec::new(),
+            _churn: TlbChurn::start(),
             echo: true,
             qmp,
             dir,
@@ -225,6 +228,60 @@ impl Drop for Guest {
         let _ = self.child.kill();
         let _ = self.child.wait();
         let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// Testbed artifact mitigation. x86 does not flush the TLB when DAMON clears an accessed
+/// bit, and under TCG a translation stays in the emulator's software TLB until that vCPU
+/// switches address space (a CR3 load flushes it) — which the workload guest's QEMU vCPU
+/// thread, busy on its own CPU, may not do for seconds. Its steadily hot pages then stop
+/// being seen as accessed while freshly touched ones are. On a real host, TLB reach is far
+/// below a working set of 4 KiB pages, so entries turn over constantly. This keeps one
+/// sleeping process per CPU that wakes every millisecond, so that every CPU switches address
+/// space often and the emulated accessed bits behave as on hardware.
+pub struct TlbChurn {
+    pids: Vec<libc::pid_t>,
+}
+
+impl TlbChurn {
+    /// Starts one sleeper per online CPU.
+    pub fn start() -> Self {
+        let cpus = std::thread::available_parallelism().map_or(1, std::num::NonZeroUsize::get);
+        let mut pids = Vec::new();
+        for cpu in 0..cpus {
+            // SAFETY: the child only calls async-signal-safe functions (sched_setaffinity,
+            // nanosleep) and never returns into Rust code; the parent records its pid.
+            let pid = unsafe { libc::fork() };
+            if pid == 0 {
+                // SAFETY: a zeroed cpu_set_t is a valid empty set; CPU_SET writes inside it;
+                // the pointers passed to the kernel are to locals that outlive the calls.
+                unsafe {
+                    let mut set: libc::cpu_set_t = std::mem::zeroed();
+                    libc::CPU_SET(cpu, &mut set);
+                    libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set);
+                    let ms = libc::timespec { tv_sec: 0, tv_nsec: 1_000_000 };
+                    loop {
+                        libc::nanosleep(&ms, std::ptr::null_mut());
+                    }
+                }
+            }
+            if pid > 0 {
+                pids.push(pid);
+            }
+        }
+        Self { pids }
+    }
+}
+
+impl Drop for TlbChurn {
+    fn drop(&mut self) {
+        for &pid in &self.pids {
+            // SAFETY: kill and waitpid on our own children; no memory is involved.
+            unsafe {
+                libc::kill(pid, libc::SIGKILL);
+                libc::waitpid(pid, std::ptr::null_mut(), 0);
+            }
+        }
     }
 }
 
