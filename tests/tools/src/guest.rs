@@ -259,7 +259,10 @@ impl TlbChurn {
                     let mut set: libc::cpu_set_t = std::mem::zeroed();
                     libc::CPU_SET(cpu, &mut set);
                     libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set);
-                    let ms = libc::timespec { tv_sec: 0, tv_nsec: 1_000_000 };
+                    let ms = libc::timespec {
+                        tv_sec: 0,
+                        tv_nsec: 1_000_000,
+                    };
                     loop {
                         libc::nanosleep(&ms, std::ptr::null_mut());
                     }
