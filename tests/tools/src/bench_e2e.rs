@@ -23,6 +23,7 @@ use vmtier_migrate::{query_nodes, MovePages, NodeQuery};
 use crate::check::Checks;
 use crate::daemon::Daemon;
 use crate::guest::{num, residency, Guest};
+use crate::mem::AnonBuf;
 
 const PAGE: u64 = 4096;
 const DAMON: &str = "/sys/kernel/mm/damon/admin/kdamonds";
@@ -146,59 +147,20 @@ fn node_phys_range(node: u32) -> Option<(u64, u64)> {
     Some((ids.iter().min()? * block, (ids.iter().max()? + 1) * block))
 }
 
-/// An mlock'ed anonymous mapping bound to node 0: DRAM the guest cannot get.
+/// An mlock'ed anonymous buffer placed on a node: DRAM the guest cannot get (mlocked pages
+/// are unevictable, so demotion cannot move it either).
 struct Balloon {
-    ptr: *mut libc::c_void,
-    len: usize,
+    _buf: AnonBuf,
 }
 
 impl Balloon {
     fn inflate(len: usize, node: u32) -> std::io::Result<Self> {
-        // SAFETY: a fresh anonymous private mapping; no existing memory is affected.
-        let ptr = unsafe {
-            libc::mmap(
-                std::ptr::null_mut(),
-                len,
-                libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
-                -1,
-                0,
-            )
-        };
-        if ptr == libc::MAP_FAILED {
+        let buf = AnonBuf::new_on_node(len, false, node)?;
+        // SAFETY: mlock on our own mapping, all of which is populated.
+        if unsafe { libc::mlock(buf.addr().raw() as *const libc::c_void, buf.len()) } != 0 {
             return Err(std::io::Error::last_os_error());
         }
-        let b = Self { ptr, len };
-        const MPOL_BIND: libc::c_long = 2;
-        let mask: libc::c_ulong = 1 << node;
-        // SAFETY: the range is our own mapping; the kernel reads one word of node mask from
-        // `mask`, which lives across the call.
-        let r = unsafe {
-            libc::syscall(
-                libc::SYS_mbind,
-                ptr,
-                len,
-                MPOL_BIND,
-                std::ptr::addr_of!(mask),
-                64 as libc::c_ulong,
-                0,
-            )
-        };
-        if r != 0 {
-            return Err(std::io::Error::last_os_error());
-        }
-        // SAFETY: our own mapping; mlock faults every page in (on the bound node).
-        if unsafe { libc::mlock(ptr, len) } != 0 {
-            return Err(std::io::Error::last_os_error());
-        }
-        Ok(b)
-    }
-}
-
-impl Drop for Balloon {
-    fn drop(&mut self) {
-        // SAFETY: unmaps exactly the mapping created in `inflate`; nothing points into it.
-        unsafe { libc::munmap(self.ptr, self.len) };
+        Ok(Self { _buf: buf })
     }
 }
 
