@@ -215,8 +215,13 @@ fn cmd_gen(args: &[String]) -> Result<(), Error> {
     };
     let out = PathBuf::from(a.need("out")?);
     let t = gen::generate(&spec)?;
-    t.write_path(&out)
-        .map_err(|e| Error::Trace(out.clone(), e))?;
+    write_trace(&t, &out)
+}
+
+/// Writes a trace and says so on stderr.
+fn write_trace(t: &Trace, out: &std::path::Path) -> Result<(), Error> {
+    t.write_path(out)
+        .map_err(|e| Error::Trace(out.to_owned(), e))?;
     eprintln!(
         "wrote {} ({} accesses, {} pages)",
         out.display(),
@@ -236,15 +241,7 @@ fn cmd_record(args: &[String]) -> Result<(), Error> {
     };
     let out = PathBuf::from(a.need("out")?);
     let t = lackey::reduce(std::io::stdin().lock(), opts)?;
-    t.write_path(&out)
-        .map_err(|e| Error::Trace(out.clone(), e))?;
-    eprintln!(
-        "wrote {} ({} accesses, {} pages)",
-        out.display(),
-        t.accesses.len(),
-        t.pages
-    );
-    Ok(())
+    write_trace(&t, &out)
 }
 
 fn suite(quick: bool) -> Result<Vec<(String, Trace)>, Error> {

@@ -1,5 +1,6 @@
 //! The workload guest under a real QEMU inside the tiered host, its RAM found through QMP
-//! and moved node 1 → node 0 → node 1 with move_pages(2) while it runs and verifies itself.
+//! and moved node 1 → node 0 → node 1 while it runs and verifies itself: with move_pages(2),
+//! or (`--kmod-dir`) through the vmtier kernel module and the combined migrator.
 
 use std::io::{BufRead, BufReader, Write};
 use std::path::PathBuf;
@@ -11,7 +12,7 @@ use std::time::{Duration, Instant};
 use vmtier_backends::qemu::QemuBackend;
 use vmtier_core::migrate::{Migrator, PageOutcome, PageRef};
 use vmtier_core::{Backing, ByteSize, GuestMemoryLayout, NodeId, PageSize};
-use vmtier_migrate::{MovePages, Residency};
+use vmtier_migrate::{Combined, Engine, Kmod, KmodConfig, MovePages, Residency};
 
 use crate::check::Checks;
 
@@ -38,6 +39,45 @@ pub struct GuestArgs {
     /// QEMU binary.
     #[arg(long, default_value = "qemu-system-x86_64")]
     qemu: String,
+    /// Move through the vmtier kernel module (loaded from this directory if `/dev/vmtier`
+    /// is missing) and check that the module did the moving.
+    #[arg(long)]
+    kmod_dir: Option<PathBuf>,
+    /// With --kmod-dir: the module's copy engine.
+    #[arg(long, default_value = "cpu")]
+    engine: Engine,
+    /// With --kmod-dir: keep THP on (THP-backed guest RAM then moves by move_pages(2)
+    /// instead of the module, which leaves PMD-mapped THPs alone).
+    #[arg(long)]
+    thp: bool,
+}
+
+/// The migrator `a` asks for: move_pages(2), or the module combined with it.
+fn migrator(c: &mut Checks, a: &GuestArgs) -> Option<Box<dyn Migrator>> {
+    let Some(dir) = &a.kmod_dir else {
+        return Some(Box::new(MovePages::default()));
+    };
+    if !std::path::Path::new(vmtier_migrate::kmod::DEVICE).exists() {
+        let (ok, out) = crate::kmod::sh(&format!("insmod {}/vmtier.ko", dir.display()));
+        if !c.check(ok, "insmod vmtier.ko", &out) {
+            return None;
+        }
+    }
+    if !a.thp {
+        let _ = std::fs::write("/sys/kernel/mm/transparent_hugepage/enabled", "never");
+    }
+    let cfg = KmodConfig {
+        engine: a.engine,
+        workers: 2,
+        batch: 0,
+    };
+    match Kmod::open(cfg) {
+        Ok(k) => Some(Box::new(Combined::with_kmod(Some(k), MovePages::default()))),
+        Err(e) => {
+            c.fatal("open /dev/vmtier", e);
+            None
+        }
+    }
 }
 
 /// A running workload guest: its QEMU process and its serial lines.
@@ -343,6 +383,9 @@ pub fn gpa_residency(
 }
 
 pub fn run(c: &mut Checks, a: &GuestArgs) {
+    let Some(mut mover) = migrator(c, a) else {
+        return;
+    };
     let mut append = String::from("report=2 duration=900");
     if let Some(h) = a.hot {
         append.push_str(&format!(" hot={}K", h.0 >> 10));
@@ -428,12 +471,13 @@ pub fn run(c: &mut Checks, a: &GuestArgs) {
     };
 
     let pages = all_pages(&layout);
-    let mut mover = MovePages::default();
+    mover.add_layout(&layout);
     let mut last_touches = 0;
     for round in 1..=a.rounds {
         for to in [0u32, 1] {
             let target = NodeId::new(to);
             let t = Instant::now();
+            let moved_by_module0 = crate::kmod::kstat("pages_moved");
             let report = match mover.migrate(layout.pid, &pages, target) {
                 Ok(r) => r,
                 Err(e) => {
@@ -475,6 +519,16 @@ pub fn run(c: &mut Checks, a: &GuestArgs) {
                     t.elapsed().as_secs_f64() * 1e3
                 ),
             );
+            if a.kmod_dir.is_some() && !a.thp {
+                let by_module = u64::try_from(crate::kmod::kstat("pages_moved") - moved_by_module0)
+                    .unwrap_or(0)
+                    * PageSize::Base.bytes();
+                c.check(
+                    by_module >= on.saturating_sub(total / 10),
+                    &format!("round {round}: the module moved the guest RAM to node {to}"),
+                    format!("{} by the module", ByteSize(by_module)),
+                );
+            }
             g.poll();
         }
         // The guest keeps running between rounds: its touch counter advances.

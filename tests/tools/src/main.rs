@@ -10,7 +10,6 @@ mod guest;
 mod kmod;
 mod kmod_bench;
 mod kmod_errors;
-mod kmod_guest;
 mod mem;
 mod sanity;
 mod sources;
@@ -43,8 +42,6 @@ enum Cmd {
     Sources(sources::SourcesArgs),
     /// The vmtier kernel module: load, QUERY, integrity per engine, bad input, DMA faults.
     Kmod(kmod::KmodArgs),
-    /// The workload guest's RAM moved by the vmtier module while it runs.
-    KmodGuest(kmod_guest::KmodGuestArgs),
     /// move_pages(2) vs the vmtier module's engines: GB/s table and JSON (emulated here).
     KmodBench(kmod_bench::KmodBenchArgs),
     /// vmtierd vs NUMA balancing vs DAMOS on the same guest: table and JSON (figures only).
@@ -61,7 +58,6 @@ fn main() -> ExitCode {
         Cmd::Daemon(a) => daemon::run(&mut c, &a),
         Cmd::DaemonFaults(a) => faults::run(&mut c, &a),
         Cmd::Kmod(a) => kmod::run(&mut c, &a),
-        Cmd::KmodGuest(a) => kmod_guest::run(&mut c, &a),
         Cmd::KmodBench(a) => kmod_bench::run(&mut c, &a),
         Cmd::BenchE2e(a) => bench_e2e::run(&mut c, &a),
         Cmd::Sources(a) => sources::run(&mut c, &a),

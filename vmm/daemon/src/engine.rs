@@ -520,12 +520,14 @@ fn tick_vm(
     // lowered at runtime), coldest first.
     let mut demote: Vec<Granule> = plan.demote.clone();
     if fast_used.saturating_sub(demote.len() as u64) > budget {
+        let mut planned: Vec<usize> = demote.iter().map(|g| g.index()).collect();
+        planned.sort_unstable();
         let mut extra: Vec<(u8, Granule)> = vm
             .store
             .records()
             .iter()
             .enumerate()
-            .filter(|(i, r)| r.is_fast() && !demote.iter().any(|d| d.index() == *i))
+            .filter(|(i, r)| r.is_fast() && planned.binary_search(i).is_err())
             .filter_map(|(i, r)| Some((r.heat(), Granule(u32::try_from(i).ok()?))))
             .collect();
         extra.sort_by_key(|e| e.0);
