@@ -16,7 +16,8 @@
 //!   `hint_scan_mb_per_tick` and unmaps them; the next access faults, with its latency.
 //!
 //! The engine's one-byte [`HeatRecord`] per granule is updated from the policy's source
-//! (`heat = heat / 2 + gain × observed / max`), move ages advance, the policy plans, and the
+//! with the daemon's rule (`heat = heat / 2 + HeatRecord::heat_gain(hits, samples)`), move
+//! ages advance, the policy plans, and the
 //! plan is applied as the daemon's engine would: demotions first, then promotions while the
 //! budget has room, at most `max_moves` granules per tick. Costs: every access costs
 //! `compute_ns_per_access` plus `dram_ns` or `cxl_ns`; migration copies at the `move_pages`
@@ -132,8 +133,6 @@ pub struct Config {
     pub pingpong_window: u64,
     /// Windows the oracle looks ahead (the next one decides, later ones break ties).
     pub oracle_lookahead: u32,
-    /// Heat added per tick to a granule seen at every scan (heat saturates at 31).
-    pub heat_gain: u8,
     /// Overrides the tracking source of the policy (for policies that read only records).
     pub source: Option<SourceName>,
     /// Address buckets of the placement heatmap (0 = none).
@@ -164,7 +163,6 @@ impl Default for Config {
             hint_scan_mb_per_tick: 256,
             pingpong_window: 4,
             oracle_lookahead: 2,
-            heat_gain: 16,
             source: None,
             heatmap_rows: 48,
             seed: 1,
@@ -539,12 +537,11 @@ pub fn run_logged(
             hits as f32 / acc as f32
         });
 
-        // Heat update from the source's observations.
-        let gain = u32::from(cfg.heat_gain);
+        // Heat update from the source's observations, with the daemon's heat rule.
         if let Some(d) = damon.as_mut() {
             d.aggregate(scans, &mut rng, &mut regions);
             for r in &regions {
-                let c = (u32::from(r.nr_accesses) * gain / u32::from(scans)) as u8;
+                let c = HeatRecord::heat_gain(u32::from(r.nr_accesses), u32::from(scans));
                 let (a, b) = (r.start.index(), r.start.index() + r.len as usize);
                 for rec in &mut records[a..b] {
                     *rec = rec.cooled().observed(c);
@@ -553,11 +550,12 @@ pub fn run_logged(
         } else if source != TrackingSource::None {
             for g in 0..n {
                 let c = if sampling {
-                    (u32::from(samples[g]) * 4).min(gain)
+                    // A sampled access is certain: 4 per sample, as many as 4 hits give.
+                    u8::try_from((u32::from(samples[g]) * 4).min(16)).unwrap_or(16)
                 } else {
-                    mask[g].count_ones() * gain / u32::from(scans)
+                    HeatRecord::heat_gain(mask[g].count_ones(), u32::from(scans))
                 };
-                records[g] = records[g].cooled().observed(c as u8);
+                records[g] = records[g].cooled().observed(c);
             }
         }
         let obs: &[u16] = match source {

@@ -26,6 +26,9 @@ pub enum ParseError {
     /// Not a valid VM name.
     #[error("Invalid VM name {0:?}: use 1-64 characters from [A-Za-z0-9._-]")]
     VmName(String),
+    /// Not a valid placement granule.
+    #[error("Invalid granule {0}: expected a power of two from 4 KiB to 2 MiB")]
+    Granule(ByteSize),
 }
 
 /// Serde support for [`GuestPhysAddr`] fields (`#[serde(with = "gpa_serde")]`): a plain u64.
@@ -79,6 +82,14 @@ impl HostVirtAddr {
     /// Whether the address is a multiple of `size`.
     pub fn is_aligned(self, size: PageSize) -> bool {
         self.0 & (size.bytes() - 1) == 0
+    }
+
+    /// The base (4 KiB) pages of `[self, self + len)`, in address order: one address per
+    /// 4 KiB, ending early at the top of the address space. The one loop over base pages
+    /// that migrators, the engine and the tests share.
+    pub fn base_pages(self, len: u64) -> impl Iterator<Item = HostVirtAddr> + Clone {
+        let page = PageSize::Base.bytes();
+        (0..len / page).map_while(move |i| self.checked_add(i * page))
     }
 }
 
@@ -303,6 +314,93 @@ impl fmt::Debug for ByteSize {
     }
 }
 
+/// The placement granule: the unit of tracking and migration, a power of two from 4 KiB
+/// (one base page) to 2 MiB (one PMD-mapped huge page). Validated once, where it is parsed
+/// (config, simulator, API); everything after that can rely on it.
+#[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(try_from = "ByteSize", into = "ByteSize")]
+pub struct GranuleSize(u64);
+
+impl GranuleSize {
+    /// One base page.
+    pub const BASE: Self = Self(4096);
+    /// One PMD-mapped huge page.
+    pub const HUGE: Self = Self(2 << 20);
+
+    /// A granule of `bytes`, if valid.
+    pub fn new(bytes: u64) -> Result<Self, ParseError> {
+        if bytes.is_power_of_two() && (Self::BASE.0..=Self::HUGE.0).contains(&bytes) {
+            Ok(Self(bytes))
+        } else {
+            Err(ParseError::Granule(ByteSize(bytes)))
+        }
+    }
+
+    /// A granule of `2^log2` base pages (0 ..= 9).
+    pub fn from_pages_log2(log2: u8) -> Result<Self, ParseError> {
+        Self::new(Self::BASE.0.checked_shl(u32::from(log2)).unwrap_or(0))
+    }
+
+    /// Bytes.
+    pub const fn bytes(self) -> u64 {
+        self.0
+    }
+
+    /// log2 of the bytes (12 ..= 21).
+    pub const fn shift(self) -> u32 {
+        self.0.trailing_zeros()
+    }
+
+    /// Base pages per granule (1 ..= 512).
+    pub const fn base_pages(self) -> u64 {
+        self.0 / PageSize::Base.bytes()
+    }
+
+    /// log2 of [`Self::base_pages`] (0 ..= 9).
+    pub const fn pages_log2(self) -> u32 {
+        self.shift() - PageSize::Base.bytes().trailing_zeros()
+    }
+
+    /// Whole granules in `bytes` (rounded down).
+    pub const fn count(self, bytes: u64) -> u64 {
+        bytes >> self.shift()
+    }
+}
+
+impl TryFrom<ByteSize> for GranuleSize {
+    type Error = ParseError;
+
+    fn try_from(b: ByteSize) -> Result<Self, ParseError> {
+        Self::new(b.0)
+    }
+}
+
+impl From<GranuleSize> for ByteSize {
+    fn from(g: GranuleSize) -> ByteSize {
+        ByteSize(g.0)
+    }
+}
+
+impl FromStr for GranuleSize {
+    type Err = ParseError;
+
+    fn from_str(s: &str) -> Result<Self, ParseError> {
+        Self::new(s.parse::<ByteSize>()?.0)
+    }
+}
+
+impl fmt::Display for GranuleSize {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        ByteSize(self.0).fmt(f)
+    }
+}
+
+impl fmt::Debug for GranuleSize {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "GranuleSize({self})")
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -350,6 +448,43 @@ mod tests {
         let v: Vec<ByteSize> = serde_json::from_str(r#"[1024, "2M"]"#).unwrap();
         assert_eq!(v, vec![ByteSize(1024), ByteSize(2 << 20)]);
         assert!(serde_json::from_str::<ByteSize>(r#""lots""#).is_err());
+    }
+
+    #[test]
+    fn granule_sizes_are_validated() {
+        let cases = [
+            ("4K", Some((4096, 12, 1, 0))),
+            ("2M", Some((2 << 20, 21, 512, 9))),
+            ("64K", Some((65536, 16, 16, 4))),
+            ("2K", None),
+            ("4M", None),
+            ("12K", None),
+            ("0", None),
+        ];
+        for (text, want) in cases {
+            let got = text
+                .parse::<GranuleSize>()
+                .ok()
+                .map(|g| (g.bytes(), g.shift(), g.base_pages(), g.pages_log2()));
+            assert_eq!(got, want, "{text}");
+        }
+        assert_eq!(GranuleSize::from_pages_log2(9), Ok(GranuleSize::HUGE));
+        assert!(GranuleSize::from_pages_log2(10).is_err());
+        assert!(GranuleSize::from_pages_log2(200).is_err());
+        let g: GranuleSize = serde_json::from_str("\"2M\"").unwrap();
+        assert_eq!(g, GranuleSize::HUGE);
+        assert!(serde_json::from_str::<GranuleSize>("3000").is_err());
+        assert_eq!(GranuleSize::HUGE.count(5 << 20), 2);
+    }
+
+    #[test]
+    fn base_pages_of_a_range() {
+        let a = HostVirtAddr::new(0x1000);
+        let got: Vec<u64> = a.base_pages(0x3000).map(HostVirtAddr::raw).collect();
+        assert_eq!(got, vec![0x1000, 0x2000, 0x3000]);
+        assert_eq!(a.base_pages(0xfff).count(), 0);
+        let top = HostVirtAddr::new(u64::MAX - 0x1fff);
+        assert_eq!(top.base_pages(0x10_000).count(), 2);
     }
 
     #[test]

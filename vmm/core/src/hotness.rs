@@ -19,17 +19,29 @@ pub enum Error {
     Io(#[source] std::io::Error),
 }
 
-/// How often a host virtual range was accessed during one observation window.
+/// How often a host virtual range was found accessed during one tick.
+///
+/// Sources report their native counts, unscaled: DAMON the samples of all its aggregation
+/// windows in the tick that found the range accessed (`nr_accesses` summed) out of the
+/// samples taken; soft-dirty one sample per tick, written or not. The store turns them into
+/// heat with [`crate::policy::HeatRecord::heat_gain`], the one rounding step.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct RegionAccess {
     /// First byte of the range (page aligned).
     pub start: HostVirtAddr,
     /// Length in bytes (page multiple).
     pub len: u64,
-    /// Access frequency in the window: 0 = never seen accessed, 255 = accessed in every
-    /// sample. Sources scale their native unit (DAMON `nr_accesses / max_nr_accesses`,
-    /// soft-dirty's written-or-not) to this range.
-    pub freq: u8,
+    /// Access checks that found the range accessed (≤ `samples`).
+    pub hits: u32,
+    /// Access checks made on the range during the tick (0: no information).
+    pub samples: u32,
+}
+
+impl RegionAccess {
+    /// One past the last byte, if it does not overflow.
+    pub fn end(&self) -> Option<HostVirtAddr> {
+        self.start.checked_add(self.len)
+    }
 }
 
 /// Observes a VM's memory accesses from the host.

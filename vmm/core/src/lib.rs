@@ -15,7 +15,9 @@ pub mod layout;
 pub mod migrate;
 pub mod policy;
 
-pub use addr::{ByteSize, GuestPhysAddr, HostVirtAddr, NodeId, PageSize, ProcessId, VmId};
+pub use addr::{
+    ByteSize, GranuleSize, GuestPhysAddr, HostVirtAddr, NodeId, PageSize, ProcessId, VmId,
+};
 pub use backend::VmBackend;
 pub use hotness::{HotnessSource, RegionAccess};
 pub use layout::{Backing, GuestMemoryLayout, GuestRamRange};

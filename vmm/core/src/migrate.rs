@@ -62,6 +62,13 @@ pub struct MigrationReport {
     pub bytes_on_target: u64,
     /// Wall time spent.
     pub elapsed: Duration,
+    /// Pages the preferred path (the kernel module) was meant to move but handed to the
+    /// fallback (move_pages(2)): parts it skips (huge pages, busy runs) and everything after
+    /// a module error.
+    pub fallback_pages: u64,
+    /// Why the preferred path failed as a whole in this call, if it did (its pages then
+    /// all went through the fallback); `None` when it worked or was not used.
+    pub fallback_error: Option<String>,
 }
 
 impl MigrationReport {

@@ -4,7 +4,7 @@
 use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
-use vmtier_core::{ByteSize, HostVirtAddr, NodeId, ProcessId, VmId};
+use vmtier_core::{ByteSize, GranuleSize, HostVirtAddr, NodeId, ProcessId, VmId};
 
 /// Error loading or validating a configuration.
 #[derive(Debug, thiserror::Error)]
@@ -55,7 +55,7 @@ pub struct DaemonConfig {
     pub policy_params: toml::Table,
     /// Placement granule: the unit of tracking and migration, a power of two from 4K to 2M.
     /// 2M moves transparent huge pages whole. Default 2M.
-    pub granule: ByteSize,
+    pub granule: GranuleSize,
     /// Re-read where every page really is every this many ticks (the kernel may move
     /// pages too). Default 10.
     pub refresh_ticks: u64,
@@ -80,7 +80,7 @@ impl Default for DaemonConfig {
             source: "auto".into(),
             policy: "default".into(),
             policy_params: toml::Table::new(),
-            granule: ByteSize(2 << 20),
+            granule: GranuleSize::HUGE,
             refresh_ticks: 10,
             migrator: "auto".into(),
             kmod_engine: "auto".into(),
@@ -168,13 +168,6 @@ impl Config {
 
     fn validate(&self) -> Result<(), Error> {
         let d = &self.daemon;
-        let g = d.granule.0;
-        if !(4096..=2 << 20).contains(&g) || !g.is_power_of_two() {
-            return Err(Error::Invalid(format!(
-                "granule {} is not a power of two from 4 KiB to 2 MiB",
-                d.granule
-            )));
-        }
         if d.interval_ms == 0 {
             return Err(Error::Invalid("interval_ms must be positive".into()));
         }
@@ -287,7 +280,7 @@ mod tests {
         )
         .unwrap();
         assert_eq!(cfg.daemon.interval_ms, 500);
-        assert_eq!(cfg.daemon.granule, ByteSize(4096));
+        assert_eq!(cfg.daemon.granule, GranuleSize::BASE);
         assert_eq!(cfg.daemon.policy, "default");
         assert_eq!(cfg.vms.len(), 2);
         assert_eq!(
@@ -345,7 +338,7 @@ mod tests {
                 d.fast_node.raw(),
                 d.slow_node.raw(),
                 d.rate_limit_mbps,
-                d.granule.0,
+                d.granule.bytes(),
                 d.refresh_ticks
             ),
             (1000, 0, 1, 256, 2 << 20, 10)

@@ -1,11 +1,33 @@
 //! The engine: owns the tick, as DAMON's kdamond owns its loop.
 //!
 //! Each tick, for every managed VM: the hotness source's reports go into the hotness store →
-//! the policy plans from the store's records → the plan is trimmed to the VM's DRAM budget
-//! and the daemon's migration rate limit → the migrator moves the pages (demotions first, so
+//! granules whose last move did not complete are retried when their back-off expires → the
+//! policy plans from the store's records → the plan is trimmed to the VM's DRAM budget and
+//! the daemon's migration rate limit → the migrator moves the pages (demotions first, so
 //! DRAM use never exceeds the budget) → the store and the metrics learn what happened. Every
 //! `refresh_ticks` the real placement of every page is re-read, since the kernel (reclaim,
 //! demotion, NUMA balancing) may move pages too.
+//!
+//! # Moves that do not complete
+//!
+//! A granule counts as moved only when every one of its pages is on the target node (or not
+//! populated). Otherwise:
+//! - **partly moved** (some pages busy, pinned or failed): it is *mixed*; the store counts it
+//!   in DRAM (the budget is a hard limit, so a granule with any page in DRAM is charged whole)
+//!   and the engine retries the pages that are still on the wrong node, after 1, 2, 4, …,
+//!   [`MAX_BACKOFF_TICKS`] ticks, until it is done or the policy moves it the other way;
+//! - **nothing moved**: the granule is held back for the same back-off (the policy sees it as
+//!   just moved, so it is not planned again every tick), then the policy decides afresh.
+//!
+//! A refresh that finds a granule mixed (the kernel moved part of it) charges it to DRAM and
+//! completes the promotion the same way.
+//!
+//! # Failures are visible
+//!
+//! A source, migrator or layout problem makes the VM `degraded: <component>: <reason>` until
+//! that component next succeeds; each is logged (at most once a minute per VM and kind, with
+//! a count of what was suppressed) and counted in [`VmMetrics`]. A VM whose process is gone
+//! becomes `failed` and is no longer managed.
 //!
 //! Requests from the control API reach the engine between ticks ([`Engine::handle`]).
 
@@ -16,14 +38,15 @@ use log::{debug, info, warn};
 use vmtier_core::backend::{Error as BackendError, VmBackend};
 use vmtier_core::hotness::{Error as SourceError, HotnessSource};
 use vmtier_core::migrate::{
-    Error as MigrateError, Migrator, PageLocation, PageLocator, PageOutcome, PageRef,
+    Error as MigrateError, MigrationReport, Migrator, PageLocation, PageLocator, PageOutcome,
+    PageRef,
 };
 use vmtier_core::policy::{Granule, PlacementPolicy, PolicyInput, Tier};
 use vmtier_core::{
-    error_chain as err_chain, ByteSize, GuestMemoryLayout, HostVirtAddr, NodeId, PageSize,
-    RegionAccess, VmId,
+    error_chain as err_chain, ByteSize, GranuleSize, GuestMemoryLayout, HostVirtAddr, NodeId,
+    PageSize, RegionAccess, VmId,
 };
-use vmtier_sources::store::{HotnessStore, StoreConfig, HISTOGRAM_BUCKETS};
+use vmtier_sources::store::{Error as StoreError, HotnessStore, StoreConfig, HISTOGRAM_BUCKETS};
 
 use crate::proto::{NodeBytes, Reply, Request, Response, VmMetrics, VmStatus, VmSummary};
 
@@ -54,10 +77,30 @@ pub enum Error {
     Source(VmId, String),
     /// The store could not be built.
     #[error("Cannot track {0}")]
-    Store(VmId, #[source] vmtier_sources::store::Error),
+    Store(VmId, #[source] StoreError),
     /// Building the VM's parts failed.
     #[error("Cannot attach {0}: {1}")]
     Attach(VmId, String),
+    /// Where the VM's pages are could not be read.
+    #[error("Cannot locate the pages of {0}")]
+    Locate(VmId, #[source] MigrateError),
+}
+
+/// Why a VM stopped being managed during a tick.
+#[derive(Debug, thiserror::Error)]
+pub enum Lost {
+    /// The VMM process exited (or its pid now names another process).
+    #[error("The VMM process exited")]
+    ProcessExited,
+    /// The backend says the VM is gone.
+    #[error("The VM is gone")]
+    VmGone(#[source] Box<dyn std::error::Error + Send + Sync>),
+    /// A new layout (memory hotplug) could not be tracked.
+    #[error("Cannot track the new memory layout")]
+    Store(#[source] StoreError),
+    /// A new layout could not be observed.
+    #[error("Cannot observe the new memory layout")]
+    Source(#[source] SourceError),
 }
 
 /// Settings the engine needs from `[daemon]`.
@@ -72,7 +115,7 @@ pub struct EngineConfig {
     /// Migration rate limit over all VMs, bytes per second.
     pub rate_limit_bytes_per_s: u64,
     /// Placement granule.
-    pub granule_bytes: u64,
+    pub granule: GranuleSize,
     /// Re-read the real placement every this many ticks.
     pub refresh_ticks: u64,
     /// Capacity of the fast node, bytes (budgets above it are refused); `None` = unknown.
@@ -110,46 +153,131 @@ struct Attached {
     policy: Box<dyn PlacementPolicy>,
 }
 
-/// Whether a VM is being managed.
-#[derive(Clone, Debug, PartialEq, Eq)]
-enum VmState {
-    Active,
-    /// Still managed, with a problem worth showing.
-    Degraded(String),
-    /// No longer managed (process gone); kept so that `status` says why.
-    Failed(String),
+/// Longest back-off between retries of a granule whose move did not complete, in ticks.
+pub const MAX_BACKOFF_TICKS: u64 = 256;
+
+/// Shortest time between two log lines of one kind for one VM.
+const LOG_EVERY: Duration = Duration::from_secs(60);
+
+/// What kind of problem a VM has; one slot each, cleared when that component next works.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+enum Component {
+    /// The hotness source.
+    Source,
+    /// The migrator (as a whole).
+    Migrator,
+    /// The kernel module path (its pages went through move_pages instead).
+    Module,
+    /// The backend (memory layout).
+    Layout,
 }
 
-impl VmState {
-    fn describe(&self) -> String {
+impl Component {
+    fn name(self) -> &'static str {
         match self {
-            VmState::Active => "active".into(),
-            VmState::Degraded(r) => format!("degraded: {r}"),
-            VmState::Failed(r) => format!("failed: {r}"),
+            Component::Source => "source",
+            Component::Migrator => "migrator",
+            Component::Module => "kernel module",
+            Component::Layout => "layout",
         }
     }
 }
 
+/// A VM's current problems, and the log rate limit per kind.
+#[derive(Debug, Default)]
+struct Problems {
+    now: BTreeMap<Component, String>,
+    /// Per kind: when the last line was logged, and how many were suppressed since.
+    logged: BTreeMap<Component, (Instant, u64)>,
+}
+
+impl Problems {
+    /// Records a problem of `c` and logs it (rate-limited).
+    fn set(&mut self, vm: &str, c: Component, why: String) {
+        let now = Instant::now();
+        match self.logged.get_mut(&c) {
+            Some((at, n)) if now.duration_since(*at) < LOG_EVERY && self.now.contains_key(&c) => {
+                *n += 1;
+            }
+            slot => {
+                let more = slot.map_or(0, |(_, n)| *n);
+                let more = if more > 0 {
+                    format!(" ({more} more since the last report)")
+                } else {
+                    String::new()
+                };
+                warn!("{vm}: {}: {why}{more}", c.name());
+                self.logged.insert(c, (now, 0));
+            }
+        }
+        self.now.insert(c, why);
+    }
+
+    /// `c` works again.
+    fn clear(&mut self, vm: &str, c: Component) {
+        if self.now.remove(&c).is_some() {
+            info!("{vm}: {} works again", c.name());
+        }
+    }
+
+    fn describe(&self) -> Option<String> {
+        if self.now.is_empty() {
+            return None;
+        }
+        let parts: Vec<String> = self
+            .now
+            .iter()
+            .map(|(c, why)| format!("{}: {why}", c.name()))
+            .collect();
+        Some(parts.join("; "))
+    }
+}
+
+/// A granule whose last move did not complete.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Retry {
+    /// Where it was going.
+    target: Tier,
+    /// Whether part of it moved (it is then retried by the engine; otherwise only held back).
+    mixed: bool,
+    /// Attempts so far (back-off 2^attempts ticks, at most [`MAX_BACKOFF_TICKS`]).
+    attempts: u32,
+    /// Tick at which it is retried (mixed) or released to the policy (not mixed).
+    due: u64,
+}
+
+impl Retry {
+    fn after(tick: u64, attempts: u32) -> u64 {
+        tick.saturating_add(
+            1u64.checked_shl(attempts.saturating_sub(1))
+                .unwrap_or(MAX_BACKOFF_TICKS)
+                .min(MAX_BACKOFF_TICKS),
+        )
+    }
+}
+
 struct Vm {
+    name: VmId,
     parts: Attached,
     layout: GuestMemoryLayout,
     store: HotnessStore,
     budget_bytes: u64,
-    state: VmState,
+    /// Why it is no longer managed.
+    failed: Option<String>,
+    problems: Problems,
     metrics: VmMetrics,
     per_node: Vec<NodeBytes>,
     tick: u64,
     reports: Vec<RegionAccess>,
-    /// Why the layout could not be re-read at the last refresh (the last known one is used).
-    layout_error: Option<String>,
+    retries: BTreeMap<Granule, Retry>,
 }
 
 impl Vm {
     fn describe_state(&self) -> String {
-        match (&self.state, &self.layout_error) {
-            (VmState::Failed(_), _) | (_, None) => self.state.describe(),
-            (VmState::Active, Some(l)) => format!("degraded: {l}"),
-            (VmState::Degraded(r), Some(l)) => format!("degraded: {r}; {l}"),
+        match (&self.failed, self.problems.describe()) {
+            (Some(why), _) => format!("failed: {why}"),
+            (None, Some(p)) => format!("degraded: {p}"),
+            (None, None) => "active".into(),
         }
     }
 }
@@ -224,7 +352,7 @@ impl Engine {
         let store = HotnessStore::new(
             &layout,
             StoreConfig {
-                granule_bytes: self.cfg.granule_bytes,
+                granule: self.cfg.granule,
             },
         )
         .map_err(|e| Error::Store(name.clone(), e))?;
@@ -236,28 +364,29 @@ impl Engine {
             layout.ranges.len(),
             policy.name()
         );
-        let parts = Attached {
-            backend,
-            source,
-            policy,
-        };
         let mut vm = Vm {
-            parts,
+            name: name.clone(),
+            parts: Attached {
+                backend,
+                source,
+                policy,
+            },
             layout,
             store,
             budget_bytes: budget.0,
-            state: VmState::Active,
+            failed: None,
+            problems: Problems::default(),
             metrics: VmMetrics::default(),
             per_node: Vec::new(),
             tick: 0,
             reports: Vec::new(),
-            layout_error: None,
+            retries: BTreeMap::new(),
         };
         self.migrator.add_layout(&vm.layout);
         if let Err(e) = refresh_placement(&self.cfg, self.locator.as_mut(), &mut vm) {
             vm.parts.source.detach();
             self.migrator.remove_layout(vm.layout.pid);
-            return Err(Error::Attach(name, err_chain(&e)));
+            return Err(Error::Locate(name, e));
         }
         let msg = format!(
             "Attached {name}: {} guest RAM, budget {budget}",
@@ -296,12 +425,12 @@ impl Engine {
         self.vms.keys().cloned().collect()
     }
 
-    /// Runs one tick over every active VM.
+    /// Runs one tick over every VM still managed.
     pub fn tick(&mut self) {
         let active = self
             .vms
             .values()
-            .filter(|v| !matches!(v.state, VmState::Failed(_)))
+            .filter(|v| v.failed.is_none())
             .count()
             .max(1) as u64;
         let tick_s = self.cfg.interval.as_secs_f64();
@@ -311,23 +440,24 @@ impl Engine {
             clippy::cast_precision_loss
         )]
         let bytes_per_vm = (self.cfg.rate_limit_bytes_per_s as f64 * tick_s) as u64 / active;
-        let max_moves = (bytes_per_vm / self.cfg.granule_bytes).max(1);
+        let max_moves = (bytes_per_vm / self.cfg.granule.bytes()).max(1);
         for (name, vm) in &mut self.vms {
-            if matches!(vm.state, VmState::Failed(_)) {
+            if vm.failed.is_some() {
                 continue;
             }
             let t = Instant::now();
-            if let Err(reason) = tick_vm(
+            if let Err(lost) = tick_vm(
                 &self.cfg,
                 self.migrator.as_mut(),
                 self.locator.as_mut(),
                 vm,
                 max_moves,
             ) {
-                warn!("{name}: no longer managed: {reason}");
+                let why = err_chain(&lost);
+                warn!("{name}: no longer managed: {why}");
                 vm.parts.source.detach();
                 self.migrator.remove_layout(vm.layout.pid);
-                vm.state = VmState::Failed(reason);
+                vm.failed = Some(why);
             }
             vm.metrics.last_tick_us = u64::try_from(t.elapsed().as_micros()).unwrap_or(u64::MAX);
         }
@@ -340,7 +470,9 @@ impl Engine {
             .get(name)
             .ok_or_else(|| Error::NoSuchVm(name.clone()))?;
         let h = vm.store.histogram();
-        let g = self.cfg.granule_bytes;
+        let g = self.cfg.granule.bytes();
+        let mut metrics = vm.metrics;
+        metrics.pending_granules = vm.retries.len() as u64;
         Ok(VmStatus {
             summary: summary(name, vm),
             backend: vm.parts.backend.describe(),
@@ -351,7 +483,7 @@ impl Engine {
             heat_histogram: (0..HISTOGRAM_BUCKETS)
                 .map(|b| (h.fast[b] + h.slow[b]) * g)
                 .collect(),
-            metrics: vm.metrics,
+            metrics,
         })
     }
 
@@ -400,62 +532,103 @@ fn summary(name: &VmId, vm: &Vm) -> VmSummary {
     }
 }
 
-/// Base pages of a granule.
-fn granule_pages(store: &HotnessStore, g: Granule, out: &mut Vec<PageRef>) -> usize {
-    let Some(span) = store.span(g) else { return 0 };
-    let page = PageSize::Base.bytes();
-    let n = span.len / page;
-    out.extend(
-        (0..n)
-            .filter_map(|i| span.hva.checked_add(i * page))
-            .map(|addr| PageRef {
-                addr,
-                size: PageSize::Base,
-            }),
-    );
-    usize::try_from(n).unwrap_or(0)
+/// Base pages of a granule, appended to `out`.
+fn granule_pages(store: &HotnessStore, g: Granule, out: &mut Vec<PageRef>) {
+    if let Some(span) = store.span(g) {
+        out.extend(span.hva.base_pages(span.len).map(|addr| PageRef {
+            addr,
+            size: PageSize::Base,
+        }));
+    }
 }
 
-/// Re-reads where every page is; updates the store's tiers and the per-node bytes.
-/// A granule counts as fast if any of its pages is on the fast node (conservative for the
-/// budget). Pages are located in chunks of about [`REFRESH_CHUNK`] addresses.
-fn refresh_placement(
+/// Where a granule's pages are.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+struct Placement {
+    fast: u64,
+    slow: u64,
+}
+
+/// Locates every page of `granules` (in chunks of about [`REFRESH_CHUNK`] addresses) and
+/// calls `each(granule, placement, per-page locations)`.
+fn locate_granules(
     cfg: &EngineConfig,
     locator: &mut dyn PageLocator,
-    vm: &mut Vm,
+    vm: &Vm,
+    granules: impl Iterator<Item = Granule>,
+    mut each: impl FnMut(Granule, Placement, &[HostVirtAddr], &[PageLocation]),
+    per_node: &mut BTreeMap<NodeId, u64>,
 ) -> Result<(), MigrateError> {
     let page = PageSize::Base.bytes();
     let mut addrs: Vec<HostVirtAddr> = Vec::with_capacity(REFRESH_CHUNK);
     let mut ends: Vec<(Granule, usize)> = Vec::new();
     let mut locs = Vec::with_capacity(REFRESH_CHUNK);
-    let mut per_node: BTreeMap<NodeId, u64> = BTreeMap::new();
-    let n = u32::try_from(vm.store.len()).unwrap_or(u32::MAX);
-    let mut gi = 0;
-    while gi < n {
+    let mut granules = granules.peekable();
+    while granules.peek().is_some() {
         addrs.clear();
         ends.clear();
-        while gi < n && addrs.len() < REFRESH_CHUNK {
-            let g = Granule(gi);
+        while addrs.len() < REFRESH_CHUNK {
+            let Some(g) = granules.next() else { break };
             if let Some(span) = vm.store.span(g) {
-                addrs.extend((0..span.len / page).filter_map(|i| span.hva.checked_add(i * page)));
+                addrs.extend(span.hva.base_pages(span.len));
                 ends.push((g, addrs.len()));
             }
-            gi += 1;
         }
         locs.clear();
         locator.locate(vm.layout.pid, &addrs, &mut locs)?;
         let mut at = 0;
         for &(g, end) in &ends {
-            let mut fast = false;
-            for l in locs.get(at..end).unwrap_or_default() {
+            let mut p = Placement::default();
+            let here = locs.get(at..end).unwrap_or_default();
+            for l in here {
                 if let PageLocation::On(node) = l {
                     *per_node.entry(*node).or_default() += page;
-                    fast |= *node == cfg.fast_node;
+                    if *node == cfg.fast_node {
+                        p.fast += 1;
+                    } else {
+                        p.slow += 1;
+                    }
                 }
             }
+            each(g, p, &addrs[at..end], here);
             at = end;
-            vm.store
-                .set_tier(g, if fast { Tier::Fast } else { Tier::Slow });
+        }
+    }
+    Ok(())
+}
+
+/// Re-reads where every page is; updates the store's tiers and the per-node bytes. A
+/// granule with pages on both nodes is charged to DRAM and its promotion completed later.
+fn refresh_placement(
+    cfg: &EngineConfig,
+    locator: &mut dyn PageLocator,
+    vm: &mut Vm,
+) -> Result<(), MigrateError> {
+    let mut per_node: BTreeMap<NodeId, u64> = BTreeMap::new();
+    let n = u32::try_from(vm.store.len()).unwrap_or(u32::MAX);
+    let mut tiers: Vec<(Granule, Placement)> = Vec::new();
+    locate_granules(
+        cfg,
+        locator,
+        vm,
+        (0..n).map(Granule),
+        |g, p, _, _| tiers.push((g, p)),
+        &mut per_node,
+    )?;
+    let tick = vm.tick;
+    for (g, p) in tiers {
+        let tier = if p.fast > 0 { Tier::Fast } else { Tier::Slow };
+        vm.store.set_tier(g, tier);
+        if p.fast > 0 && p.slow > 0 {
+            vm.retries.entry(g).or_insert(Retry {
+                target: Tier::Fast,
+                mixed: true,
+                attempts: 0,
+                due: tick.saturating_add(1),
+            });
+        } else if vm.retries.get(&g).is_some_and(|r| r.mixed) {
+            // The kernel (or a late move) finished it.
+            vm.retries.remove(&g);
         }
     }
     vm.per_node = per_node
@@ -465,39 +638,48 @@ fn refresh_placement(
     Ok(())
 }
 
-/// Addresses per locate call during a placement refresh.
+/// Addresses per locate call.
 const REFRESH_CHUNK: usize = 1 << 16;
 
-/// One tick of one VM. `Err` = the VM cannot be managed any more.
+/// One tick of one VM. `Err`: the VM cannot be managed any more.
 fn tick_vm(
     cfg: &EngineConfig,
     migrator: &mut dyn Migrator,
     locator: &mut dyn PageLocator,
     vm: &mut Vm,
     max_moves: u64,
-) -> Result<(), String> {
+) -> Result<(), Lost> {
     vm.tick += 1;
     vm.metrics.ticks += 1;
     vm.store.tick();
     vm.reports.clear();
+    let name = vm.name.to_string();
     match vm.parts.source.collect(&mut vm.reports) {
         Ok(()) => {
             vm.store.observe(&vm.reports);
-            if matches!(vm.state, VmState::Degraded(_)) {
-                vm.state = VmState::Active;
-            }
+            vm.problems.clear(&name, Component::Source);
         }
-        Err(SourceError::Gone) => return Err("the VMM process exited".into()),
-        Err(e) => vm.state = VmState::Degraded(err_chain(&e)),
+        Err(SourceError::Gone) => return Err(Lost::ProcessExited),
+        Err(e) => {
+            vm.metrics.source_errors += 1;
+            vm.problems.set(&name, Component::Source, err_chain(&e));
+        }
     }
 
-    let g = cfg.granule_bytes;
+    // Retries first: they finish moves already paid for, and the policy must not plan
+    // granules that are held back.
+    let mut moves_left = max_moves;
+    retry_due(cfg, migrator, locator, vm, &mut moves_left)?;
+    for (&g, _) in vm.retries.iter().filter(|(_, r)| r.due > vm.tick) {
+        vm.store.hold(g);
+    }
+
+    let g = cfg.granule.bytes();
     let budget = vm.budget_bytes / g;
-    let input = PolicyInput::from_records(vm.tick, g, vm.store.records(), budget, max_moves);
+    let input = PolicyInput::from_records(vm.tick, g, vm.store.records(), budget, moves_left);
     let mut fast_used = input.fast_used();
     let plan = vm.parts.policy.plan(&input);
-    if log::log_enabled!(log::Level::Debug) && !(plan.promote.is_empty() && plan.demote.is_empty())
-    {
+    if log::log_enabled!(log::Level::Debug) && !plan.is_empty() {
         let show = |gs: &[Granule]| -> String {
             gs.iter()
                 .map(|&g| {
@@ -508,8 +690,7 @@ fn tick_vm(
                 .join(" ")
         };
         debug!(
-            "{}: tick {}: fast {fast_used}/{budget} granules; promote [{}]; demote [{}] (gpa:heat)",
-            vm.parts.backend.describe(),
+            "{name}: tick {}: fast {fast_used}/{budget} granules; promote [{}]; demote [{}] (gpa:heat)",
             vm.tick,
             show(&plan.promote),
             show(&plan.demote)
@@ -541,35 +722,272 @@ fn tick_vm(
     }
     let over = fast_used.saturating_sub(budget);
     // Over budget, demotions ignore the rate limit: the budget is a hard limit.
-    let demote_cap = max_moves.max(over);
+    let demote_cap = moves_left.max(over);
     let demote_n = demote
         .len()
         .min(usize::try_from(demote_cap).unwrap_or(usize::MAX));
     vm.metrics.deferred_granules += (demote.len() - demote_n) as u64;
     demote.truncate(demote_n);
-    let demoted = move_granules(migrator, vm, &demote, cfg.slow_node, Tier::Slow)?;
-    fast_used = fast_used.saturating_sub(demoted);
+    let left_fast = move_granules(cfg, migrator, vm, &demote, Tier::Slow)?;
+    fast_used = fast_used.saturating_sub(left_fast);
 
     // Promotions while there is room and rate left.
     let room = budget.saturating_sub(fast_used);
-    let moves_left = max_moves.saturating_sub(demote.len() as u64);
+    let moves_left = moves_left.saturating_sub(demote.len() as u64);
     let n = usize::try_from(room.min(moves_left))
         .unwrap_or(usize::MAX)
         .min(plan.promote.len());
     vm.metrics.deferred_granules += (plan.promote.len() - n) as u64;
-    let promote: Vec<Granule> = plan.promote[..n].to_vec();
-    move_granules(migrator, vm, &promote, cfg.fast_node, Tier::Fast)?;
+    move_granules(cfg, migrator, vm, &plan.promote[..n], Tier::Fast)?;
 
     if cfg.refresh_ticks > 0 && vm.tick % cfg.refresh_ticks == 0 {
         recheck_layout(cfg, migrator, vm)?;
-        refresh_placement(cfg, locator, vm).map_err(|e| match e {
-            MigrateError::ProcessGone(_) => "the VMM process exited".to_owned(),
-            e => err_chain(&e),
-        })?;
+        match refresh_placement(cfg, locator, vm) {
+            Ok(()) => {}
+            Err(MigrateError::ProcessGone(_)) => return Err(Lost::ProcessExited),
+            // Keep managing with what the store believes.
+            Err(e) => vm.problems.set(
+                &name,
+                Component::Layout,
+                format!("cannot locate pages: {}", err_chain(&e)),
+            ),
+        }
     }
     let fast_bytes = vm.store.tier_bytes().fast;
     vm.metrics.max_fast_bytes = vm.metrics.max_fast_bytes.max(fast_bytes);
     Ok(())
+}
+
+/// Retries the mixed granules whose back-off expired (only their pages on the wrong node)
+/// and releases the held-back ones to the policy.
+fn retry_due(
+    cfg: &EngineConfig,
+    migrator: &mut dyn Migrator,
+    locator: &mut dyn PageLocator,
+    vm: &mut Vm,
+    moves_left: &mut u64,
+) -> Result<(), Lost> {
+    let tick = vm.tick;
+    vm.retries.retain(|_, r| r.mixed || r.due > tick);
+    let due: Vec<(Granule, Retry)> = vm
+        .retries
+        .iter()
+        .filter(|(_, r)| r.due <= tick)
+        .map(|(&g, &r)| (g, r))
+        .take(usize::try_from(*moves_left).unwrap_or(usize::MAX))
+        .collect();
+    if due.is_empty() {
+        return Ok(());
+    }
+    // Which pages are still on the wrong node.
+    let mut per_node = BTreeMap::new();
+    let mut wrong: BTreeMap<Granule, Vec<PageRef>> = BTreeMap::new();
+    let (fast, slow) = (cfg.fast_node, cfg.slow_node);
+    let targets: BTreeMap<Granule, Tier> = due.iter().map(|(g, r)| (*g, r.target)).collect();
+    let located = locate_granules(
+        cfg,
+        locator,
+        vm,
+        due.iter().map(|(g, _)| *g),
+        |g, _, addrs, locs| {
+            let want = if targets[&g] == Tier::Fast {
+                fast
+            } else {
+                slow
+            };
+            let pages: Vec<PageRef> = addrs
+                .iter()
+                .zip(locs)
+                .filter(|(_, l)| matches!(l, PageLocation::On(n) if *n != want))
+                .map(|(&addr, _)| PageRef {
+                    addr,
+                    size: PageSize::Base,
+                })
+                .collect();
+            wrong.insert(g, pages);
+        },
+        &mut per_node,
+    );
+    match located {
+        Ok(()) => {}
+        Err(MigrateError::ProcessGone(_)) => return Err(Lost::ProcessExited),
+        Err(e) => {
+            let name = vm.name.to_string();
+            vm.problems.set(
+                &name,
+                Component::Migrator,
+                format!("cannot locate pages to retry: {}", err_chain(&e)),
+            );
+            return Ok(());
+        }
+    }
+    for (g, r) in due {
+        let pages = wrong.remove(&g).unwrap_or_default();
+        *moves_left = moves_left.saturating_sub(1);
+        vm.metrics.retried_granules += 1;
+        if pages.is_empty() {
+            finish(vm, g, r.target);
+            continue;
+        }
+        let node = if r.target == Tier::Fast { fast } else { slow };
+        let Some(report) = migrate(migrator, vm, &pages, node)? else {
+            return Ok(());
+        };
+        let counts = Counts::of(&report.outcomes);
+        account_bytes(vm, r.target, counts.on);
+        if counts.on + counts.absent == pages.len() as u64 {
+            finish(vm, g, r.target);
+        } else {
+            let attempts = r.attempts + 1;
+            vm.retries.insert(
+                g,
+                Retry {
+                    attempts,
+                    due: Retry::after(tick, attempts),
+                    ..r
+                },
+            );
+        }
+    }
+    Ok(())
+}
+
+/// A granule is wholly on `target` now.
+fn finish(vm: &mut Vm, g: Granule, target: Tier) {
+    vm.retries.remove(&g);
+    vm.store.mark_moved(g, target);
+    match target {
+        Tier::Fast => vm.metrics.promoted_granules += 1,
+        Tier::Slow => vm.metrics.demoted_granules += 1,
+    }
+}
+
+/// Outcome counts of one request.
+#[derive(Clone, Copy, Debug, Default)]
+struct Counts {
+    on: u64,
+    absent: u64,
+    busy: u64,
+    failed: u64,
+}
+
+impl Counts {
+    fn of(outcomes: &[PageOutcome]) -> Self {
+        let mut c = Self::default();
+        for o in outcomes {
+            match o {
+                PageOutcome::OnTarget => c.on += 1,
+                PageOutcome::NotPresent => c.absent += 1,
+                PageOutcome::Busy => c.busy += 1,
+                _ => c.failed += 1,
+            }
+        }
+        c
+    }
+}
+
+fn account_bytes(vm: &mut Vm, target: Tier, pages: u64) {
+    let bytes = pages * PageSize::Base.bytes();
+    match target {
+        Tier::Fast => vm.metrics.promoted_bytes += bytes,
+        Tier::Slow => vm.metrics.demoted_bytes += bytes,
+    }
+}
+
+/// One migrator call with its failures made visible. `Ok(None)`: the call failed as a whole
+/// (logged, counted, the VM degraded until a call succeeds).
+fn migrate(
+    migrator: &mut dyn Migrator,
+    vm: &mut Vm,
+    pages: &[PageRef],
+    node: NodeId,
+) -> Result<Option<MigrationReport>, Lost> {
+    let name = vm.name.to_string();
+    match migrator.migrate(vm.layout.pid, pages, node) {
+        Ok(r) => {
+            vm.problems.clear(&name, Component::Migrator);
+            vm.metrics.fallback_pages += r.fallback_pages;
+            match &r.fallback_error {
+                Some(why) => {
+                    vm.metrics.fallback_errors += 1;
+                    vm.problems.set(
+                        &name,
+                        Component::Module,
+                        format!("{why}; its pages moved with move_pages(2)"),
+                    );
+                }
+                None => vm.problems.clear(&name, Component::Module),
+            }
+            let c = Counts::of(&r.outcomes);
+            vm.metrics.busy_pages += c.busy;
+            vm.metrics.failed_pages += c.failed;
+            Ok(Some(r))
+        }
+        Err(MigrateError::ProcessGone(_)) => Err(Lost::ProcessExited),
+        Err(e) => {
+            vm.metrics.migration_errors += 1;
+            vm.problems.set(&name, Component::Migrator, err_chain(&e));
+            Ok(None)
+        }
+    }
+}
+
+/// Moves granules to `tier`; returns how many of them left the other tier completely.
+fn move_granules(
+    cfg: &EngineConfig,
+    migrator: &mut dyn Migrator,
+    vm: &mut Vm,
+    granules: &[Granule],
+    tier: Tier,
+) -> Result<u64, Lost> {
+    if granules.is_empty() {
+        return Ok(0);
+    }
+    let node = match tier {
+        Tier::Fast => cfg.fast_node,
+        Tier::Slow => cfg.slow_node,
+    };
+    let mut pages = Vec::new();
+    let mut ends = Vec::with_capacity(granules.len());
+    for &g in granules {
+        granule_pages(&vm.store, g, &mut pages);
+        ends.push(pages.len());
+        // A move the other way supersedes a pending retry.
+        vm.retries.remove(&g);
+    }
+    let Some(report) = migrate(migrator, vm, &pages, node)? else {
+        return Ok(0);
+    };
+    let tick = vm.tick;
+    let mut done = 0;
+    let mut at = 0;
+    for (&g, &end) in granules.iter().zip(&ends) {
+        let c = Counts::of(report.outcomes.get(at..end).unwrap_or_default());
+        let n = (end - at) as u64;
+        at = end;
+        account_bytes(vm, tier, c.on);
+        if c.on + c.absent == n {
+            finish(vm, g, tier);
+            done += 1;
+            continue;
+        }
+        // Partly moved: charged to DRAM either way (some of it is there), the rest retried.
+        // Nothing moved: the granule stays where it was, held back from the policy.
+        let mixed = c.on > 0;
+        if mixed {
+            vm.store.mark_moved(g, Tier::Fast);
+        }
+        vm.retries.insert(
+            g,
+            Retry {
+                target: tier,
+                mixed,
+                attempts: 1,
+                due: Retry::after(tick, 1),
+            },
+        );
+    }
+    Ok(done)
 }
 
 /// Re-reads the VM's layout. A changed layout (memory hotplug) restarts tracking on the new
@@ -579,121 +997,48 @@ fn recheck_layout(
     cfg: &EngineConfig,
     migrator: &mut dyn Migrator,
     vm: &mut Vm,
-) -> Result<(), String> {
+) -> Result<(), Lost> {
+    let name = vm.name.to_string();
     match vm.parts.backend.layout() {
         Ok(l) if l == vm.layout => {
-            if vm.layout_error.take().is_some() {
-                info!(
-                    "{}: memory layout readable again",
-                    vm.parts.backend.describe()
-                );
-            }
+            vm.problems.clear(&name, Component::Layout);
             Ok(())
         }
         Ok(l) => {
             info!(
-                "{}: memory layout changed ({} -> {}); tracking restarts",
-                vm.parts.backend.describe(),
+                "{name}: memory layout changed ({} -> {}); tracking restarts",
                 ByteSize(vm.layout.total_bytes()),
                 ByteSize(l.total_bytes())
             );
             let store = HotnessStore::new(
                 &l,
                 StoreConfig {
-                    granule_bytes: cfg.granule_bytes,
+                    granule: cfg.granule,
                 },
             )
-            .map_err(|e| err_chain(&e))?;
-            vm.parts.source.attach(&l).map_err(|e| err_chain(&e))?;
+            .map_err(Lost::Store)?;
+            vm.parts.source.attach(&l).map_err(Lost::Source)?;
             migrator.remove_layout(vm.layout.pid);
             migrator.add_layout(&l);
             vm.store = store;
             vm.layout = l;
-            vm.layout_error = None;
+            vm.retries.clear();
+            vm.problems.clear(&name, Component::Layout);
             Ok(())
         }
-        Err(BackendError::Gone(e)) => Err(format!("the VM is gone: {}", err_chain(e.as_ref()))),
+        Err(BackendError::Gone(e)) => Err(Lost::VmGone(e)),
         Err(BackendError::Unavailable(e)) => {
-            let why = format!(
-                "cannot re-read the memory layout, keeping the last one: {}",
-                err_chain(e.as_ref())
+            vm.problems.set(
+                &name,
+                Component::Layout,
+                format!(
+                    "cannot re-read the memory layout, keeping the last one: {}",
+                    err_chain(e.as_ref())
+                ),
             );
-            if vm.layout_error.as_deref() != Some(why.as_str()) {
-                warn!("{}: {why}", vm.parts.backend.describe());
-            }
-            vm.layout_error = Some(why);
             Ok(())
         }
     }
-}
-
-/// Moves granules to `node`; returns how many now count as on `tier`.
-fn move_granules(
-    migrator: &mut dyn Migrator,
-    vm: &mut Vm,
-    granules: &[Granule],
-    node: NodeId,
-    tier: Tier,
-) -> Result<u64, String> {
-    if granules.is_empty() {
-        return Ok(0);
-    }
-    let mut pages = Vec::new();
-    let mut counts = Vec::with_capacity(granules.len());
-    for &g in granules {
-        counts.push(granule_pages(&vm.store, g, &mut pages));
-    }
-    let report = match migrator.migrate(vm.layout.pid, &pages, node) {
-        Ok(r) => r,
-        Err(MigrateError::ProcessGone(_)) => return Err("the VMM process exited".into()),
-        Err(e @ (MigrateError::NodeUnavailable(_) | MigrateError::PermissionDenied(_))) => {
-            vm.state = VmState::Degraded(err_chain(&e));
-            return Ok(0);
-        }
-        Err(e) => {
-            vm.state = VmState::Degraded(err_chain(&e));
-            return Ok(0);
-        }
-    };
-    let mut done = 0;
-    let mut at = 0;
-    for (&g, &n) in granules.iter().zip(&counts) {
-        let outcomes = &report.outcomes[at..at + n];
-        at += n;
-        let on = outcomes
-            .iter()
-            .filter(|o| **o == PageOutcome::OnTarget)
-            .count();
-        let absent = outcomes
-            .iter()
-            .filter(|o| **o == PageOutcome::NotPresent)
-            .count();
-        let busy = outcomes.iter().filter(|o| **o == PageOutcome::Busy).count();
-        vm.metrics.busy_pages += busy as u64;
-        vm.metrics.failed_pages += (n - on - absent - busy) as u64;
-        // Promotion: any page in DRAM makes the granule count against the budget.
-        // Demotion: the granule leaves DRAM only when all of its pages did.
-        let moved = match tier {
-            Tier::Fast => on > 0,
-            Tier::Slow => on + absent == n,
-        };
-        if moved {
-            vm.store.mark_moved(g, tier);
-            done += 1;
-            let bytes = vm.store.span(g).map_or(0, |s| s.len);
-            match tier {
-                Tier::Fast => {
-                    vm.metrics.promoted_granules += 1;
-                    vm.metrics.promoted_bytes += bytes;
-                }
-                Tier::Slow => {
-                    vm.metrics.demoted_granules += 1;
-                    vm.metrics.demoted_bytes += bytes;
-                }
-            }
-        }
-    }
-    Ok(done)
 }
 
 #[cfg(test)]
@@ -709,11 +1054,22 @@ mod tests {
     const BASE: u64 = 0x7f00_0000_0000;
     const MIB: u64 = 1 << 20;
 
-    /// Which node each page of the fake processes is on, by (pid, address); dead pids.
+    /// Which node each page of the fake processes is on, by (pid, address); dead pids; and
+    /// how the fake migrator misbehaves.
     #[derive(Default)]
     struct Pages {
         node: HashMap<(i32, u64), NodeId>,
         dead: Vec<i32>,
+        /// Pages that report busy for this many more migrate attempts (`u32::MAX`: pinned).
+        busy: HashMap<(i32, u64), u32>,
+        /// The next this many migrate calls fail as a whole.
+        fail_calls: u32,
+        /// Reported as the kernel module's failure on every call (all pages fall back).
+        module_error: Option<String>,
+        /// Pages migrate calls really moved to node 0 / node 1.
+        moved: [u64; 2],
+        /// Migrate calls made.
+        calls: u64,
     }
     type World = Arc<Mutex<Pages>>;
 
@@ -734,7 +1090,8 @@ mod tests {
         }
     }
 
-    /// Reports `hot` (offset, len) as accessed in every sample, the rest as idle.
+    /// Reports `hot` (offset, len) as accessed in every sample, the rest as idle: the
+    /// strong signal of huge-page-backed memory. The weak ones are [`SignalSource`]'s.
     struct FakeSource {
         world: World,
         pid: i32,
@@ -756,12 +1113,14 @@ mod tests {
             out.push(RegionAccess {
                 start: HostVirtAddr::new(BASE),
                 len: self.len,
-                freq: 0,
+                hits: 0,
+                samples: 20,
             });
             out.push(RegionAccess {
                 start: HostVirtAddr::new(BASE + off),
                 len,
-                freq: 255,
+                hits: 20,
+                samples: 20,
             });
             Ok(())
         }
@@ -779,21 +1138,47 @@ mod tests {
             pages: &[PageRef],
             target: NodeId,
         ) -> Result<MigrationReport, MigrateError> {
-            let mut w = self.0.lock().unwrap();
+            let mut guard = self.0.lock().unwrap();
+            let w = &mut *guard;
+            w.calls += 1;
             if w.dead.contains(&pid.raw()) {
                 return Err(MigrateError::ProcessGone(pid));
             }
-            let outcomes = pages
-                .iter()
-                .map(|p| match w.node.get_mut(&(pid.raw(), p.addr.raw())) {
+            if w.fail_calls > 0 {
+                w.fail_calls -= 1;
+                return Err(MigrateError::Io(std::io::Error::from_raw_os_error(
+                    libc::EIO,
+                )));
+            }
+            let mut outcomes = Vec::with_capacity(pages.len());
+            for p in pages {
+                let key = (pid.raw(), p.addr.raw());
+                if let Some(b) = w.busy.get_mut(&key).filter(|b| **b > 0) {
+                    if *b != u32::MAX {
+                        *b -= 1;
+                    }
+                    outcomes.push(PageOutcome::Busy);
+                    continue;
+                }
+                outcomes.push(match w.node.get_mut(&key) {
                     Some(n) => {
+                        if *n != target {
+                            w.moved[target.raw() as usize] += 1;
+                        }
                         *n = target;
                         PageOutcome::OnTarget
                     }
                     None => PageOutcome::Fault,
-                })
-                .collect();
+                });
+            }
+            let fallback_error = w.module_error.clone();
             Ok(MigrationReport {
+                fallback_pages: if fallback_error.is_some() {
+                    pages.len() as u64
+                } else {
+                    0
+                },
+                fallback_error,
                 outcomes,
                 ..Default::default()
             })
@@ -848,7 +1233,7 @@ mod tests {
             fast_node: NodeId::new(0),
             slow_node: NodeId::new(1),
             rate_limit_bytes_per_s: rate_mbps * 1_000_000,
-            granule_bytes: 2 * MIB,
+            granule: GranuleSize::HUGE,
             refresh_ticks: 5,
             fast_node_bytes: Some(1 << 30),
         };
@@ -1001,7 +1386,7 @@ mod tests {
             e.tick();
         }
         assert!(
-            state(&e).starts_with("degraded: cannot re-read the memory layout"),
+            state(&e).starts_with("degraded: layout: cannot re-read the memory layout"),
             "{}",
             state(&e)
         );
@@ -1112,5 +1497,296 @@ mod tests {
             parts_of(&w, 8, len, &hot),
         );
         assert!(matches!(dup, Err(Error::Exists(_))));
+    }
+
+    // Realistic signals: weak, noisy and intermittent, as DAMON reports 4 KiB guest pages.
+    use vmtier_policies::rng::Rng;
+
+    /// What a tick's observation of one region looks like: (offset, len, hits, samples).
+    type Obs = Vec<(u64, u64, u32, u32)>;
+    /// A tick's observations as a function of the tick number.
+    type Signal = Box<dyn FnMut(u64, &mut Rng) -> Obs + Send>;
+
+    struct SignalSource {
+        world: World,
+        pid: i32,
+        tick: u64,
+        rng: Rng,
+        len: u64,
+        signal: Signal,
+    }
+    impl HotnessSource for SignalSource {
+        fn name(&self) -> &'static str {
+            "signal"
+        }
+        fn attach(&mut self, _: &GuestMemoryLayout) -> Result<(), SourceError> {
+            Ok(())
+        }
+        fn collect(&mut self, out: &mut Vec<RegionAccess>) -> Result<(), SourceError> {
+            if self.world.lock().unwrap().dead.contains(&self.pid) {
+                return Err(SourceError::Gone);
+            }
+            self.tick += 1;
+            let obs = (self.signal)(self.tick, &mut self.rng);
+            let _ = self.len;
+            for (off, len, hits, samples) in obs {
+                out.push(RegionAccess {
+                    start: HostVirtAddr::new(BASE + off),
+                    len,
+                    hits,
+                    samples,
+                });
+            }
+            Ok(())
+        }
+        fn detach(&mut self) {}
+    }
+
+    fn signal_parts(w: &World, len: u64, signal: Signal) -> VmParts {
+        let src = SignalSource {
+            world: w.clone(),
+            pid: 7,
+            tick: 0,
+            rng: Rng::new(7),
+            len,
+            signal,
+        };
+        VmParts {
+            backend: Box::new(FakeBackend(Arc::new(Mutex::new(Some(one_range(7, len)))))),
+            source: Box::new(move |_| {
+                Ok((Box::new(src) as Box<dyn HotnessSource>, "signal".into()))
+            }),
+            policy: vmtier_policies::registry::build("default", None).unwrap(),
+        }
+    }
+
+    /// Binomial(n, p) draw.
+    fn binom(rng: &mut Rng, n: u32, p: f64) -> u32 {
+        u32::try_from((0..n).filter(|_| rng.unit() < p).count()).unwrap_or(n)
+    }
+
+    /// The hot set [64M, 96M) of a 256 MiB VM as DAMON sees 4 KiB guest pages: every 2 MiB
+    /// region of it accessed in about `p` of `samples` samples per tick (noisy), the rest cold.
+    fn weak(p: f64, samples: u32, every: u64) -> Signal {
+        Box::new(move |tick, rng| {
+            let mut v = vec![(0, 64 * MIB, 0, samples)];
+            for k in 0..16 {
+                let hits = if tick % every == 0 {
+                    binom(rng, samples, p)
+                } else {
+                    0
+                };
+                v.push((64 * MIB + k * 2 * MIB, 2 * MIB, hits, samples));
+            }
+            v.push((96 * MIB, 160 * MIB, 0, samples));
+            v
+        })
+    }
+
+    #[test]
+    fn weak_signals_still_promote_the_hot_set() {
+        // (name, signal, ticks allowed to reach 90%)
+        let cases: Vec<(&str, Signal, u64)> = vec![
+            ("2/20 every tick", weak(0.1, 20, 1), 6),
+            ("5% of samples (1/20) every tick", weak(0.05, 20, 1), 10),
+            ("5/20 every other tick", weak(0.25, 20, 2), 8),
+            ("4 KiB guest, p=0.11 per 5 ms sample", weak(0.11, 20, 1), 6),
+        ];
+        for (name, sig, limit) in cases {
+            let len = 256 * MIB;
+            let w = world(len);
+            let mut e = engine(&w, 1000);
+            e.attach(
+                "g".parse().unwrap(),
+                ByteSize(64 * MIB),
+                signal_parts(&w, len, sig),
+            )
+            .unwrap();
+            let mut reached = None;
+            for t in 1..=limit {
+                e.tick();
+                assert!(dram_bytes(&w) <= 64 * MIB);
+                if hot_in_dram(&w, 64 * MIB, 32 * MIB) * 10 >= 32 * MIB * 9 {
+                    reached = Some(t);
+                    break;
+                }
+            }
+            assert!(
+                reached.is_some(),
+                "{name}: {} MiB of the 32 MiB hot set in DRAM after {limit} ticks",
+                hot_in_dram(&w, 64 * MIB, 32 * MIB) >> 20
+            );
+        }
+    }
+
+    #[test]
+    fn one_touch_in_one_window_does_not_promote() {
+        let len = 256 * MIB;
+        let w = world(len);
+        let mut e = engine(&w, 1000);
+        // Full DRAM of hot granules first, then a single touch elsewhere.
+        let sig: Signal = Box::new(|tick, _| {
+            let mut v = vec![(0, 32 * MIB, 20, 20)];
+            if tick == 5 {
+                v.push((128 * MIB, 2 * MIB, 1, 20));
+            }
+            v
+        });
+        e.attach(
+            "g".parse().unwrap(),
+            ByteSize(64 * MIB),
+            signal_parts(&w, len, sig),
+        )
+        .unwrap();
+        for _ in 0..10 {
+            e.tick();
+        }
+        assert_eq!(
+            hot_in_dram(&w, 128 * MIB, 2 * MIB),
+            0,
+            "a single touch bought DRAM"
+        );
+    }
+    /// An engine on a 64 MiB VM with an 8 MiB hot set at 0 (strong signal), budget 16 MiB.
+    fn small_vm(w: &World) -> (Engine, VmId) {
+        let len = 64 * MIB;
+        let hot = Arc::new(Mutex::new((0, 8 * MIB)));
+        let mut e = engine(w, 1000);
+        let vm: VmId = "g".parse().unwrap();
+        e.attach(vm.clone(), ByteSize(16 * MIB), parts(w, len, &hot))
+            .unwrap();
+        (e, vm)
+    }
+
+    fn page(off: u64) -> (i32, u64) {
+        (7, BASE + off)
+    }
+
+    #[test]
+    fn busy_pages_are_retried_with_back_off_and_only_moved_bytes_count() {
+        let w = world(64 * MIB);
+        {
+            let mut g = w.lock().unwrap();
+            // Granule 1: ten pages busy for their first three attempts.
+            for k in 0..10 {
+                g.busy.insert(page(2 * MIB + k * 4096), 3);
+            }
+            // Granule 2: one page pinned for good (vfio-style).
+            g.busy.insert(page(4 * MIB + 4096), u32::MAX);
+        }
+        let (mut e, vm) = small_vm(&w);
+        for t in 1..=40 {
+            e.tick();
+            assert!(dram_bytes(&w) <= 16 * MIB, "tick {t}");
+        }
+        let st = e.status(&vm).unwrap();
+        let m = st.metrics;
+        // Every hot page but the pinned one reached DRAM.
+        assert_eq!(hot_in_dram(&w, 0, 8 * MIB), 8 * MIB - 4096);
+        // Only complete granules count; the pinned one is still pending.
+        assert_eq!(m.promoted_granules, 3, "{m:?}");
+        assert_eq!(m.pending_granules, 1, "{m:?}");
+        // Bytes are what really moved, not whole granules.
+        let moved = w.lock().unwrap().moved[0];
+        assert_eq!(m.promoted_bytes, moved * 4096, "{m:?}");
+        assert_eq!(moved, (8 * MIB - 4096) / 4096);
+        // Busy pages are counted: 10 pages × 3 attempts, plus one per try at the pinned one.
+        assert!(m.busy_pages > 30, "{m:?}");
+        // Back-off: the pinned granule is not retried every tick (1, 2, 4, 8, 16, … ticks).
+        assert!(m.retried_granules <= 3 + 6, "{m:?}");
+        assert!(m.retried_granules >= 3 + 4, "{m:?}");
+    }
+
+    #[test]
+    fn migrator_errors_stay_visible_until_a_call_succeeds() {
+        let len = 64 * MIB;
+        let w = world(len);
+        w.lock().unwrap().fail_calls = 1;
+        let hot = Arc::new(Mutex::new((0, 8 * MIB)));
+        let mut e = engine(&w, 1000);
+        let vm: VmId = "g".parse().unwrap();
+        e.attach(vm.clone(), ByteSize(16 * MIB), parts(&w, len, &hot))
+            .unwrap();
+        let state = |e: &Engine| e.status(&vm).unwrap().summary.state;
+        e.tick();
+        assert!(
+            state(&e).starts_with("degraded: migrator:"),
+            "{}",
+            state(&e)
+        );
+        // No budget: no migration is tried, and the problem is still shown.
+        e.set_budget(&vm, ByteSize(0)).unwrap();
+        let calls = w.lock().unwrap().calls;
+        for _ in 0..3 {
+            e.tick();
+            assert!(
+                state(&e).starts_with("degraded: migrator:"),
+                "{}",
+                state(&e)
+            );
+        }
+        assert_eq!(w.lock().unwrap().calls, calls, "no migration was tried");
+        assert_eq!(e.status(&vm).unwrap().metrics.migration_errors, 1);
+        // Budget again: the migration works and the VM is active.
+        e.set_budget(&vm, ByteSize(16 * MIB)).unwrap();
+        for _ in 0..5 {
+            e.tick();
+        }
+        assert_eq!(state(&e), "active");
+        assert_eq!(hot_in_dram(&w, 0, 8 * MIB), 8 * MIB);
+    }
+
+    #[test]
+    fn module_fallbacks_are_counted_and_shown() {
+        let w = world(64 * MIB);
+        w.lock().unwrap().module_error = Some("/dev/vmtier: ioctl failed: ENOTTY".into());
+        let (mut e, vm) = small_vm(&w);
+        e.tick();
+        let st = e.status(&vm).unwrap();
+        assert!(
+            st.summary
+                .state
+                .contains("kernel module: /dev/vmtier: ioctl failed"),
+            "{}",
+            st.summary.state
+        );
+        assert_eq!(st.metrics.fallback_errors, 1);
+        assert_eq!(st.metrics.fallback_pages, 8 * MIB / 4096);
+        // The module works again: a budget cut makes the next call, which clears it.
+        w.lock().unwrap().module_error = None;
+        e.set_budget(&vm, ByteSize(4 * MIB)).unwrap();
+        let before = w.lock().unwrap().calls;
+        e.tick();
+        assert!(w.lock().unwrap().calls > before);
+        assert_eq!(e.status(&vm).unwrap().summary.state, "active");
+    }
+
+    #[test]
+    fn a_granule_the_kernel_split_is_completed_after_a_refresh() {
+        let w = world(64 * MIB);
+        let (mut e, vm) = small_vm(&w);
+        for _ in 0..3 {
+            e.tick();
+        }
+        assert_eq!(hot_in_dram(&w, 0, 8 * MIB), 8 * MIB);
+        // Reclaim demotes half of a hot granule behind the engine's back.
+        {
+            let mut g = w.lock().unwrap();
+            for k in 0..256 {
+                g.node.insert(page(2 * MIB + k * 4096), NodeId::new(1));
+            }
+        }
+        // refresh_ticks is 5: the refresh sees the mixed granule, the retry completes it.
+        for _ in 0..4 {
+            e.tick();
+        }
+        assert_eq!(hot_in_dram(&w, 0, 8 * MIB), 8 * MIB);
+        let st = e.status(&vm).unwrap();
+        assert_eq!(st.metrics.pending_granules, 0);
+        assert!(
+            st.metrics.promoted_bytes >= 8 * MIB + MIB,
+            "{:?}",
+            st.metrics
+        );
     }
 }

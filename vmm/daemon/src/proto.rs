@@ -99,23 +99,36 @@ pub struct NodeBytes {
 
 /// Counters of one VM since it was attached.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default)]
 pub struct VmMetrics {
     /// Ticks run.
     pub ticks: u64,
-    /// Granules moved to DRAM.
+    /// Granules moved to DRAM completely (every page on the DRAM node).
     pub promoted_granules: u64,
-    /// Bytes moved to DRAM.
+    /// Bytes moved to DRAM: pages the migrator put there, not whole granules.
     pub promoted_bytes: u64,
-    /// Granules moved to CXL.
+    /// Granules moved to CXL completely.
     pub demoted_granules: u64,
     /// Bytes moved to CXL.
     pub demoted_bytes: u64,
     /// Pages that failed to move (no memory, fault, other errors).
     pub failed_pages: u64,
-    /// Pages that were busy and left for a later tick.
+    /// Pages that were busy (locked, pinned, under I/O) and left for a retry.
     pub busy_pages: u64,
     /// Moves the rate limit deferred.
     pub deferred_granules: u64,
+    /// Retries of granules whose previous move did not complete.
+    pub retried_granules: u64,
+    /// Granules waiting for a retry now (partly moved, or nothing moved and held back).
+    pub pending_granules: u64,
+    /// Migration calls that failed as a whole (nothing moved).
+    pub migration_errors: u64,
+    /// Pages the kernel module was meant to move that move_pages(2) moved instead.
+    pub fallback_pages: u64,
+    /// Module calls that failed as a whole, their pages moved by move_pages(2).
+    pub fallback_errors: u64,
+    /// Ticks whose hotness observation failed.
+    pub source_errors: u64,
     /// Duration of the last tick, microseconds.
     pub last_tick_us: u64,
     /// Largest DRAM use seen at the end of a tick, bytes.

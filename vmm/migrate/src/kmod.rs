@@ -426,6 +426,7 @@ impl Migrator for Kmod {
             outcomes,
             bytes_on_target: bytes,
             elapsed: start.elapsed(),
+            ..MigrationReport::default()
         })
     }
 }
@@ -514,6 +515,8 @@ impl Migrator for Combined {
         let start = Instant::now();
         let mut outcomes = vec![PageOutcome::Busy; pages.len()];
         let mut bytes = 0;
+        let mut fallback_pages = 0u64;
+        let mut fallback_error = None;
         // Pages for move_pages, as indices into `pages`.
         let mut rest: Vec<usize>;
         if let Some(kmod) = self.kmod.as_mut() {
@@ -536,6 +539,7 @@ impl Migrator for Combined {
                         } else {
                             // THP, shared or busy parts: move_pages decides page by page.
                             rest.extend_from_slice(&mine[run.2..end]);
+                            fallback_pages += (end - run.2) as u64;
                         }
                     }
                 }
@@ -543,8 +547,13 @@ impl Migrator for Combined {
                     Some(libc::ESRCH | libc::EPERM | libc::EACCES | libc::ENODEV) => {
                         return Err(e.into_migrate_error(pid, target))
                     }
-                    // Anything else (an old module, a refused range): move_pages does it.
-                    _ => rest.extend_from_slice(&mine),
+                    // Anything else (an old module, a refused range): move_pages does it,
+                    // and the caller hears why.
+                    _ => {
+                        rest.extend_from_slice(&mine);
+                        fallback_pages += mine.len() as u64;
+                        fallback_error = Some(vmtier_core::error_chain(&e));
+                    }
                 },
             }
         } else {
@@ -563,6 +572,8 @@ impl Migrator for Combined {
             outcomes,
             bytes_on_target: bytes,
             elapsed: start.elapsed(),
+            fallback_pages,
+            fallback_error,
         })
     }
 

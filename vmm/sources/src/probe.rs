@@ -6,7 +6,7 @@
 //! with a one-line reason for the daemon's log:
 //!
 //! ```text
-//! hotness source: damon-vaddr (DAMON sysfs with fvaddr, kdamond 0)
+//! hotness source: damon-vaddr (DAMON fvaddr on kdamond 0, 5000 µs samples, every 100 ms aggregation window via the damon_aggregated tracepoint, 2048 KiB ring)
 //! hotness source: soft-dirty via PAGEMAP_SCAN (DAMON vaddr unavailable: No DAMON sysfs at /sys/kernel/mm/damon/admin)
 //! ```
 
@@ -145,11 +145,7 @@ fn attach_damon(
     // Attaching checks everything probe() does (sysfs, operations, a free slot).
     let mut s = DamonSource::new(opts.damon.clone());
     s.attach(layout)?;
-    let why = format!(
-        "DAMON sysfs with {}, kdamond {}",
-        s.operations().unwrap_or("?"),
-        s.kdamond().unwrap_or(0)
-    );
+    let why = s.describe();
     Ok(Selection {
         source: Box::new(s),
         kind: SourceKind::DamonVaddr,

@@ -11,7 +11,9 @@
 //! - else by `pread` of the 64-bit pagemap entries (bit 55 = soft-dirty), 64 Ki pages
 //!   (256 MiB of address space) per call.
 //!
-//! Written runs are reported with `freq` 255, the rest of the guest ranges with 0. Reads are
+//! Each tick is one sample: written runs are reported as 1 hit of 1 sample, the rest of the
+//! guest ranges as 0 of 1 (so a page written once gains heat 3, one written every tick
+//! climbs 3, 4, 5: [`vmtier_core::policy::HeatRecord::heat_gain`]). Reads are
 //! invisible to this source: read-mostly hot memory looks cold. On a KVM host the guest's
 //! writes reach the bits because clearing them write-protects the host PTEs, whose MMU
 //! notifiers make KVM drop its writable EPT entries; the guest's next write faults through
@@ -210,14 +212,15 @@ fn scan_supported(pagemap: &File, addr: u64) -> bool {
     scan_once(pagemap, addr, addr.saturating_add(PAGE), &mut v).is_ok()
 }
 
-/// Appends `[start, end)` with `freq` to `out`, merging with the previous report when
-/// contiguous and equally hot.
-fn push_run(out: &mut Vec<RegionAccess>, start: u64, end: u64, freq: u8) {
+/// Appends `[start, end)`, written (`dirty`) or not, to `out` as one sample, merging with
+/// the previous report when contiguous and alike.
+fn push_run(out: &mut Vec<RegionAccess>, start: u64, end: u64, dirty: bool) {
     if start >= end {
         return;
     }
+    let hits = u32::from(dirty);
     if let Some(last) = out.last_mut() {
-        if last.freq == freq && last.start.raw().checked_add(last.len) == Some(start) {
+        if last.hits == hits && last.end() == Some(HostVirtAddr::new(start)) {
             last.len += end - start;
             return;
         }
@@ -225,7 +228,8 @@ fn push_run(out: &mut Vec<RegionAccess>, start: u64, end: u64, freq: u8) {
     out.push(RegionAccess {
         start: HostVirtAddr::new(start),
         len: end - start,
-        freq,
+        hits,
+        samples: 1,
     });
 }
 
@@ -237,11 +241,11 @@ fn cover(start: u64, end: u64, dirty: &[(u64, u64)], out: &mut Vec<RegionAccess>
         if s >= e {
             continue;
         }
-        push_run(out, at, s, 0);
-        push_run(out, s, e, 255);
+        push_run(out, at, s, false);
+        push_run(out, s, e, true);
         at = e;
     }
-    push_run(out, at, end, 0);
+    push_run(out, at, end, false);
 }
 
 impl SoftDirtySource {
@@ -465,36 +469,36 @@ mod tests {
     #[test]
     fn dirty_runs_cover_the_range() {
         let p = PAGE;
-        type Case = (&'static str, Vec<(u64, u64)>, Vec<(u64, u64, u8)>);
+        type Case = (&'static str, Vec<(u64, u64)>, Vec<(u64, u64, u32)>);
         let cases: Vec<Case> = vec![
             ("clean", vec![], vec![(0, 8 * p, 0)]),
-            ("all dirty", vec![(0, 8 * p)], vec![(0, 8 * p, 255)]),
+            ("all dirty", vec![(0, 8 * p)], vec![(0, 8 * p, 1)]),
             (
                 "middle",
                 vec![(2 * p, 3 * p), (5 * p, 6 * p)],
                 vec![
                     (0, 2 * p, 0),
-                    (2 * p, p, 255),
+                    (2 * p, p, 1),
                     (3 * p, 2 * p, 0),
-                    (5 * p, p, 255),
+                    (5 * p, p, 1),
                     (6 * p, 2 * p, 0),
                 ],
             ),
             (
                 "clipped",
                 vec![(7 * p, 20 * p)],
-                vec![(0, 7 * p, 0), (7 * p, p, 255)],
+                vec![(0, 7 * p, 0), (7 * p, p, 1)],
             ),
             (
                 "adjacent runs merge",
                 vec![(0, p), (p, 2 * p)],
-                vec![(0, 2 * p, 255), (2 * p, 6 * p, 0)],
+                vec![(0, 2 * p, 1), (2 * p, 6 * p, 0)],
             ),
         ];
         for (name, dirty, want) in cases {
             let mut out = Vec::new();
             cover(0, 8 * p, &dirty, &mut out);
-            let got: Vec<_> = out.iter().map(|a| (a.start.raw(), a.len, a.freq)).collect();
+            let got: Vec<_> = out.iter().map(|a| (a.start.raw(), a.len, a.hits)).collect();
             assert_eq!(got, want, "{name}");
         }
     }
@@ -527,7 +531,7 @@ mod tests {
             src.collect(&mut out).unwrap();
             let hot: Vec<_> = out
                 .iter()
-                .filter(|a| a.freq == 255)
+                .filter(|a| a.hits == 1)
                 .map(|a| (a.start.raw() - base) / PAGE)
                 .collect();
             assert_eq!(hot, vec![5], "{s:?}: {out:?}");

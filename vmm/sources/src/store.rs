@@ -11,14 +11,14 @@
 //!
 //! # Heat
 //!
-//! The rule is [`HeatRecord::cooled`]/[`HeatRecord::observed`], the one the trace
-//! simulator evaluates policies with: each tick ([`HotnessStore::tick`]) every granule's heat
-//! halves and its move age advances; then the tick's reports are folded in
-//! ([`HotnessStore::observe`]): a report of frequency `freq` (0..=255) adds
-//! `freq * 16 / 255`. One hot window therefore gives at most 16; a granule seen hot tick
-//! after tick climbs to 31; a one-off pass (a scan, a checksum sweep) fades in a few ticks.
-//! A granule that two adjacent reports share gains the larger of the two. Granules no report
-//! covers only cool.
+//! The rule is [`HeatRecord::cooled`]/[`HeatRecord::observed`] with
+//! [`HeatRecord::heat_gain`], the one the trace simulator evaluates policies with: each tick
+//! ([`HotnessStore::tick`]) every granule's heat halves and its move age advances; then the
+//! tick's reports are folded in ([`HotnessStore::observe`]): a report that found its range
+//! accessed in `hits` of `samples` checks adds `heat_gain(hits, samples)` (0..=16, one
+//! rounding step, logarithmic in the fraction). A granule seen hot tick after tick climbs
+//! to 31; a one-off pass (a scan, a checksum sweep) fades in a few ticks. A granule that two
+//! adjacent reports share gains the larger of the two. Granules no report covers only cool.
 //!
 //! # Memory
 //!
@@ -27,14 +27,11 @@
 //! ([`HotnessStore::memory_bytes`] reports the exact figure). No per-report state is kept.
 
 use vmtier_core::policy::{Granule, HeatRecord, Tier};
-use vmtier_core::{GuestMemoryLayout, GuestPhysAddr, HostVirtAddr, RegionAccess};
+use vmtier_core::{GranuleSize, GuestMemoryLayout, GuestPhysAddr, HostVirtAddr, RegionAccess};
 
 /// Error building a store.
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
 pub enum Error {
-    /// The granule size is not a power of two in 4 KiB ..= 2 MiB.
-    #[error("Invalid granule size {0}: expected a power of two from 4 KiB to 2 MiB")]
-    GranuleSize(u64),
     /// The layout has more granules than a [`Granule`] can index.
     #[error("Too many granules for one VM")]
     TooManyGranules,
@@ -102,14 +99,14 @@ pub struct GranuleSpan {
 /// Store tuning.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct StoreConfig {
-    /// Bytes per granule: a power of two, 4 KiB ..= 2 MiB. Default 4 KiB.
-    pub granule_bytes: u64,
+    /// The placement granule. Default 4 KiB.
+    pub granule: GranuleSize,
 }
 
 impl Default for StoreConfig {
     fn default() -> Self {
         Self {
-            granule_bytes: 4096,
+            granule: GranuleSize::BASE,
         }
     }
 }
@@ -128,19 +125,11 @@ fn div_ceil_pow2(a: u64, s: u32) -> u64 {
     (a >> s) + u64::from(a & ((1u64 << s) - 1) != 0)
 }
 
-/// The heat gain (0..=16) of a report of frequency `freq` (0..=255).
-pub fn freq_to_gain(freq: u8) -> u8 {
-    HeatRecord::heat_gain(u32::from(freq), 255)
-}
-
 impl HotnessStore {
     /// Builds a store for `layout`: every granule cold, slow tier, never moved.
     pub fn new(layout: &GuestMemoryLayout, config: StoreConfig) -> Result<Self, Error> {
-        let g = config.granule_bytes;
-        if !g.is_power_of_two() || !(4096..=2 << 20).contains(&g) {
-            return Err(Error::GranuleSize(g));
-        }
-        let shift = g.trailing_zeros();
+        let g = config.granule.bytes();
+        let shift = config.granule.shift();
         let mut spans = Vec::with_capacity(layout.ranges.len());
         let mut next: u32 = 0;
         // GuestMemoryLayout keeps its ranges sorted by guest physical address.
@@ -221,11 +210,11 @@ impl HotnessStore {
         // row and keeps the larger gain.
         let mut last: Option<(usize, u8)> = None;
         for a in reports {
-            let Some(end) = a.start.raw().checked_add(a.len) else {
+            let Some(end) = a.end().map(HostVirtAddr::raw) else {
                 outside = outside.saturating_add(a.len);
                 continue;
             };
-            let gain = freq_to_gain(a.freq);
+            let gain = HeatRecord::heat_gain(a.hits, a.samples);
             let mut covered = 0u64;
             for s in &self.spans {
                 // Layout construction checked hva + len fits.
@@ -272,6 +261,15 @@ impl HotnessStore {
     pub fn mark_moved(&mut self, granule: Granule, tier: Tier) {
         if let Some(r) = self.records.get_mut(granule.index()) {
             *r = r.moved_to(tier);
+        }
+    }
+
+    /// Keeps `granule` out of this tick's plan: its move age reads 0, as if it had just
+    /// moved (policies leave recently moved granules alone unless the budget forces them
+    /// out). For granules whose last move did not complete and that wait for a retry.
+    pub fn hold(&mut self, granule: Granule) {
+        if let Some(r) = self.records.get_mut(granule.index()) {
+            *r = r.moved_to(r.tier());
         }
     }
 
@@ -358,11 +356,13 @@ mod tests {
         GuestMemoryLayout::new(ProcessId::new(1), r).unwrap()
     }
 
-    fn acc(start: u64, len: u64, freq: u8) -> RegionAccess {
+    /// A report of `hits` in 20 samples (one DAMON window at its defaults).
+    fn acc(start: u64, len: u64, hits: u32) -> RegionAccess {
         RegionAccess {
             start: HostVirtAddr::new(start),
             len,
-            freq,
+            hits,
+            samples: 20,
         }
     }
 
@@ -370,7 +370,7 @@ mod tests {
         HotnessStore::new(
             &layout(ranges),
             StoreConfig {
-                granule_bytes: granule,
+                granule: GranuleSize::new(granule).unwrap(),
             },
         )
         .unwrap()
@@ -378,39 +378,6 @@ mod tests {
 
     fn heats(s: &HotnessStore) -> Vec<u8> {
         s.records().iter().map(|r| r.heat()).collect()
-    }
-
-    #[test]
-    fn config_is_checked() {
-        let l = layout(&[(0, A, 1 << 20)]);
-        let cases = [
-            (4096, None),
-            (2 << 20, None),
-            (8192, None),
-            (2048, Some(Error::GranuleSize(2048))),
-            (4 << 20, Some(Error::GranuleSize(4 << 20))),
-            (12288, Some(Error::GranuleSize(12288))),
-        ];
-        for (g, want) in cases {
-            let got = HotnessStore::new(&l, StoreConfig { granule_bytes: g }).err();
-            assert_eq!(got, want, "granule {g}");
-        }
-    }
-
-    #[test]
-    fn freq_maps_to_gain() {
-        let cases = [
-            (0, 0),
-            (15, 0),
-            (16, 1),
-            (64, 4),
-            (128, 8),
-            (254, 15),
-            (255, 16),
-        ];
-        for (f, g) in cases {
-            assert_eq!(freq_to_gain(f), g, "freq {f}");
-        }
     }
 
     #[test]
@@ -447,7 +414,7 @@ mod tests {
             );
         }
         let mut s = s;
-        s.observe(&[acc(A + 2 * m, 2 * m, 255)]);
+        s.observe(&[acc(A + 2 * m, 2 * m, 20)]);
         assert_eq!(heats(&s), vec![0, 16, 0]);
         s.set_tier(Granule(0), Tier::Fast);
         assert_eq!(
@@ -517,59 +484,59 @@ mod tests {
         let cases: Vec<Case> = vec![
             (
                 "exact granule",
-                vec![acc(A + 16 * k, 16 * k, 255)],
+                vec![acc(A + 16 * k, 16 * k, 20)],
                 vec![0, 16, 0, 0, 0],
                 0,
             ),
             (
                 "one page touches g2",
-                vec![acc(A + 40 * k, 4 * k, 80)],
-                vec![0, 0, 5, 0, 0],
+                vec![acc(A + 40 * k, 4 * k, 5)],
+                vec![0, 0, 12, 0, 0],
                 0,
             ),
             (
                 "straddles g0/g1",
-                vec![acc(A + 12 * k, 8 * k, 32)],
-                vec![2, 2, 0, 0, 0],
+                vec![acc(A + 12 * k, 8 * k, 1)],
+                vec![3, 3, 0, 0, 0],
                 0,
             ),
             (
                 "a granule two reports share keeps the larger gain",
-                vec![acc(A, 52 * k, 32), acc(A + 52 * k, 4 * k, 255)],
-                vec![2, 2, 2, 16, 0],
+                vec![acc(A, 52 * k, 1), acc(A + 52 * k, 4 * k, 20)],
+                vec![3, 3, 3, 16, 0],
                 0,
             ),
             (
                 "... also when the larger comes first",
-                vec![acc(A + 48 * k, 4 * k, 255), acc(A + 52 * k, 12 * k, 32)],
+                vec![acc(A + 48 * k, 4 * k, 20), acc(A + 52 * k, 12 * k, 1)],
                 vec![0, 0, 0, 16, 0],
                 0,
             ),
             (
                 "spills out of the range",
-                vec![acc(A + 60 * k, 12 * k, 255)],
+                vec![acc(A + 60 * k, 12 * k, 20)],
                 vec![0, 0, 0, 16, 0],
                 8 * k,
             ),
             (
                 "second range",
-                vec![acc(A + (1 << 20), 4 * k, 255)],
+                vec![acc(A + (1 << 20), 4 * k, 20)],
                 vec![0, 0, 0, 0, 16],
                 0,
             ),
             (
                 "outside",
-                vec![acc(A - 8 * k, 4 * k, 255)],
+                vec![acc(A - 8 * k, 4 * k, 20)],
                 vec![0; 5],
                 4 * k,
             ),
             (
                 "overflowing report",
-                vec![acc(u64::MAX - 4095, 8192, 255)],
+                vec![acc(u64::MAX - 4095, 8192, 20)],
                 vec![0; 5],
                 8192,
             ),
-            ("empty report", vec![acc(A, 0, 255)], vec![0; 5], 0),
+            ("empty report", vec![acc(A, 0, 20)], vec![0; 5], 0),
         ];
         for (name, reports, want, want_out) in cases {
             let mut s = s0();
@@ -587,7 +554,7 @@ mod tests {
         for t in 0..12 {
             s.tick();
             if t < 5 {
-                s.observe(&[acc(A, 4096, 255)]);
+                s.observe(&[acc(A, 4096, 20)]);
             }
             seen.push(s.records()[0].heat());
         }
@@ -595,14 +562,14 @@ mod tests {
         // A one-off hot window never looks like a working set: at most 16.
         let mut s = store(&[(0, A, 4096)], 4096);
         s.tick();
-        s.observe(&[acc(A, 4096, 255)]);
+        s.observe(&[acc(A, 4096, 20)]);
         assert_eq!(s.records()[0].heat(), 16);
     }
 
     #[test]
     fn tiers_moves_and_histogram() {
         let mut s = store(&[(0, A, 8 * 4096)], 4096);
-        s.observe(&[acc(A, 4096, 255), acc(A + 4096, 4096, 40)]);
+        s.observe(&[acc(A, 4096, 20), acc(A + 4096, 4096, 2)]);
         s.set_tier(Granule(0), Tier::Fast);
         s.mark_moved(Granule(1), Tier::Fast);
         s.set_tier(Granule(99), Tier::Fast);
@@ -610,8 +577,8 @@ mod tests {
         assert_eq!((r[0].tier(), r[0].recently_moved()), (Tier::Fast, false));
         assert_eq!((r[1].tier(), r[1].move_age()), (Tier::Fast, 0));
         let h = s.histogram();
-        // Heat 16 (bucket 4) and 2 (bucket 0).
-        assert_eq!(h.fast, [1, 0, 0, 0, 1, 0, 0, 0]);
+        // Heat 16 (bucket 4) and 7 (bucket 1).
+        assert_eq!(h.fast, [0, 1, 0, 0, 1, 0, 0, 0]);
         assert_eq!(h.slow, [6, 0, 0, 0, 0, 0, 0, 0]);
         assert_eq!(
             s.tier_bytes(),

@@ -62,6 +62,15 @@ pub fn render(s: &VmStatus) -> String {
         m.busy_pages,
         m.deferred_granules
     );
+    out += &format!(
+        "  retries {} granules ({} pending)   migration errors {}   module fallbacks {} ({} pages)   source errors {}\n",
+        m.retried_granules,
+        m.pending_granules,
+        m.migration_errors,
+        m.fallback_errors,
+        m.fallback_pages,
+        m.source_errors
+    );
     #[allow(clippy::cast_precision_loss)]
     let tick_ms = m.last_tick_us as f64 / 1000.0;
     out += &format!(
@@ -70,4 +79,51 @@ pub fn render(s: &VmStatus) -> String {
         b(m.max_fast_bytes)
     );
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use vmtier_daemon::proto::{VmMetrics, VmSummary};
+
+    #[test]
+    fn failures_are_shown() {
+        let s = VmStatus {
+            summary: VmSummary {
+                name: "web1".parse().unwrap(),
+                state: "degraded: migrator: Migration failed: EIO".into(),
+                budget_bytes: 64 << 20,
+                fast_bytes: 32 << 20,
+                slow_bytes: 224 << 20,
+                total_bytes: 256 << 20,
+            },
+            backend: "qemu".into(),
+            source: "damon-vaddr".into(),
+            policy: "default".into(),
+            granule_bytes: 2 << 20,
+            per_node: Vec::new(),
+            heat_histogram: vec![0; 8],
+            metrics: VmMetrics {
+                busy_pages: 7,
+                retried_granules: 3,
+                pending_granules: 1,
+                migration_errors: 2,
+                fallback_errors: 4,
+                fallback_pages: 512,
+                source_errors: 5,
+                ..VmMetrics::default()
+            },
+        };
+        let text = render(&s);
+        for want in [
+            "degraded: migrator: Migration failed: EIO",
+            "busy 7 pages",
+            "retries 3 granules (1 pending)",
+            "migration errors 2",
+            "module fallbacks 4 (512 pages)",
+            "source errors 5",
+        ] {
+            assert!(text.contains(want), "{want:?} not in {text}");
+        }
+    }
 }

@@ -91,7 +91,7 @@ fn main() -> ExitCode {
         fast_node: d.fast_node,
         slow_node: d.slow_node,
         rate_limit_bytes_per_s: d.rate_limit_mbps.saturating_mul(1_000_000),
-        granule_bytes: d.granule.0,
+        granule: d.granule,
         refresh_ticks: d.refresh_ticks,
         fast_node_bytes: Some(fast_bytes),
     };
