@@ -3,6 +3,17 @@
 use std::fmt::Display;
 use std::process::ExitCode;
 
+/// How times measured here should be read, from the accelerator the testbed really used
+/// (`VMTIER_ACCEL`, set by tests/testbed/run): `TCG-emulated` (ratios within one run only),
+/// `KVM`, or `host` outside the testbed.
+pub fn clock() -> &'static str {
+    match std::env::var("VMTIER_ACCEL").as_deref() {
+        Ok("tcg") => "TCG-emulated",
+        Ok("kvm") => "KVM",
+        _ => "host",
+    }
+}
+
 /// Counts and prints assertions.
 #[derive(Debug, Default)]
 pub struct Checks {

@@ -11,8 +11,12 @@ use std::time::{Duration, Instant};
 
 use vmtier_backends::qemu::QemuBackend;
 use vmtier_core::migrate::{Migrator, PageOutcome, PageRef};
-use vmtier_core::{Backing, ByteSize, GuestMemoryLayout, NodeId, PageSize};
-use vmtier_migrate::{Combined, Engine, Kmod, KmodConfig, MovePages, Residency};
+use vmtier_core::{
+    Backing, ByteSize, GuestMemoryLayout, HostVirtAddr, NodeId, PageSize, ProcessId,
+};
+use vmtier_migrate::{
+    query_nodes, Combined, Engine, Kmod, KmodConfig, MovePages, NodeQuery, Residency,
+};
 
 use crate::check::Checks;
 
@@ -364,6 +368,74 @@ pub fn residency(layout: &GuestMemoryLayout) -> Result<Residency, vmtier_core::m
     Ok(total)
 }
 
+/// Every base page of a guest's RAM in guest-physical order, for whole-guest placement
+/// samples: [`GuestPages::sample`] is one pass of move_pages(2) queries, so every figure of
+/// a sample (DRAM use, hot-set share) comes from the same pass and a page in flight is
+/// counted once, not on neither node.
+pub struct GuestPages {
+    pid: ProcessId,
+    addrs: Vec<HostVirtAddr>,
+    gpas: Vec<u64>,
+}
+
+/// Where each page of a [`GuestPages`] was in one sample.
+pub struct PageNodes<'a> {
+    pages: &'a GuestPages,
+    nodes: Vec<NodeQuery>,
+}
+
+impl GuestPages {
+    /// The pages of `layout` (its ranges are in guest-physical order).
+    pub fn new(layout: &GuestMemoryLayout) -> Self {
+        let page = PageSize::Base.bytes();
+        let mut addrs = Vec::new();
+        let mut gpas = Vec::new();
+        for r in &layout.ranges {
+            for (i, a) in r.hva.base_pages(r.len).enumerate() {
+                addrs.push(a);
+                gpas.push(r.gpa.0 + i as u64 * page);
+            }
+        }
+        Self {
+            pid: layout.pid,
+            addrs,
+            gpas,
+        }
+    }
+
+    /// Where every page is now.
+    pub fn sample(&self) -> Result<PageNodes<'_>, vmtier_core::migrate::Error> {
+        Ok(PageNodes {
+            pages: self,
+            nodes: query_nodes(self.pid, &self.addrs)?,
+        })
+    }
+}
+
+impl PageNodes<'_> {
+    /// Bytes of the guest on `node`.
+    pub fn bytes_on(&self, node: NodeId) -> u64 {
+        let n = self
+            .nodes
+            .iter()
+            .filter(|q| **q == NodeQuery::On(node))
+            .count();
+        n as u64 * PageSize::Base.bytes()
+    }
+
+    /// Bytes of guest physical `[gpa, gpa + len)` on `node`.
+    pub fn gpa_bytes_on(&self, node: NodeId, gpa: u64, len: u64) -> u64 {
+        let g = &self.pages.gpas;
+        let lo = g.partition_point(|&x| x < gpa);
+        let hi = g.partition_point(|&x| x < gpa.saturating_add(len));
+        let n = self.nodes[lo..hi]
+            .iter()
+            .filter(|q| **q == NodeQuery::On(node))
+            .count();
+        n as u64 * PageSize::Base.bytes()
+    }
+}
+
 /// Where the guest physical range `[gpa, gpa + len)` is (its parts that are guest RAM).
 pub fn gpa_residency(
     layout: &GuestMemoryLayout,
@@ -412,8 +484,9 @@ pub fn run(c: &mut Checks, a: &GuestArgs) {
         true,
         "guest fills its RAM",
         format!(
-            "{filled} (nested TCG, emulated; {:.1} s wall)",
-            t0.elapsed().as_secs_f64()
+            "{filled} (nested TCG inside the testbed; {:.1} s wall, {})",
+            t0.elapsed().as_secs_f64(),
+            crate::check::clock()
         ),
     );
     let inject_gpa = if a.inject {
@@ -512,11 +585,12 @@ pub fn run(c: &mut Checks, a: &GuestArgs) {
                 bad == 0 && elsewhere <= total / 100 && on > 0,
                 &format!("round {round}: guest RAM moved to node {to} while running"),
                 format!(
-                    "{} on node {to}, {} elsewhere, {} busy, {bad} failed, {:.0} ms (emulated)",
+                    "{} on node {to}, {} elsewhere, {} busy, {bad} failed, {:.0} ms ({})",
                     ByteSize(on),
                     ByteSize(elsewhere),
                     report.count(PageOutcome::Busy),
-                    t.elapsed().as_secs_f64() * 1e3
+                    t.elapsed().as_secs_f64() * 1e3,
+                    crate::check::clock()
                 ),
             );
             if a.kmod_dir.is_some() && !a.thp {

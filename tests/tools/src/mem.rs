@@ -129,33 +129,37 @@ impl AnonBuf {
 
     /// Bytes of THP (`AnonHugePages`) in the mapping that holds the buffer.
     pub fn anon_huge_bytes(&self) -> u64 {
-        let smaps = fs::read_to_string("/proc/self/smaps").unwrap_or_default();
-        let mut inside = false;
-        let me = self.start as u64;
-        for line in smaps.lines() {
-            if let Some((range, _)) = line.split_once(' ') {
-                if let Some((s, e)) = range.split_once('-') {
-                    if let (Ok(s), Ok(e)) = (u64::from_str_radix(s, 16), u64::from_str_radix(e, 16))
-                    {
-                        inside = s <= me && me < e;
-                        continue;
-                    }
-                }
-            }
-            if inside {
-                if let Some(kb) = line.strip_prefix("AnonHugePages:") {
-                    return kb
-                        .trim()
-                        .trim_end_matches("kB")
-                        .trim()
-                        .parse::<u64>()
-                        .unwrap_or(0)
-                        << 10;
+        anon_huge_bytes_at("self", self.start as u64)
+    }
+}
+
+/// Bytes of THP (`AnonHugePages`) in the mapping of process `pid` (`self` or a number) that
+/// holds `addr`; 0 if none does.
+pub fn anon_huge_bytes_at(pid: &str, addr: u64) -> u64 {
+    let smaps = fs::read_to_string(format!("/proc/{pid}/smaps")).unwrap_or_default();
+    let mut inside = false;
+    for line in smaps.lines() {
+        if let Some((range, _)) = line.split_once(' ') {
+            if let Some((s, e)) = range.split_once('-') {
+                if let (Ok(s), Ok(e)) = (u64::from_str_radix(s, 16), u64::from_str_radix(e, 16)) {
+                    inside = s <= addr && addr < e;
+                    continue;
                 }
             }
         }
-        0
+        if inside {
+            if let Some(kb) = line.strip_prefix("AnonHugePages:") {
+                return kb
+                    .trim()
+                    .trim_end_matches("kB")
+                    .trim()
+                    .parse::<u64>()
+                    .unwrap_or(0)
+                    << 10;
+            }
+        }
     }
+    0
 }
 
 impl Drop for AnonBuf {
@@ -248,8 +252,9 @@ pub fn move_pages(c: &mut Checks, a: &MovePagesArgs) {
             on == pages.len(),
             &format!("move {} of {kind} pages to node {to}", ByteSize(len as u64)),
             format!(
-                "{on}/{} statuses on target, {ms:.0} ms (TCG, emulated)",
-                pages.len()
+                "{on}/{} statuses on target, {ms:.0} ms ({})",
+                pages.len(),
+                crate::check::clock()
             ),
         );
         let moved = vmstat("pgmigrate_success") - mig0;

@@ -24,6 +24,8 @@ use crate::check::Checks;
 use crate::guest::{num, Guest};
 
 const ADMIN: &str = "/sys/kernel/mm/damon/admin/kdamonds";
+/// The default policy's `promote_min_heat`: heat a slow granule needs to be promoted.
+const PROMOTE_MIN_HEAT: u8 = 4;
 const PAGE: usize = 4096;
 
 #[derive(clap::Args, Debug)]
@@ -145,14 +147,16 @@ impl Drop for HotBuf {
     }
 }
 
-/// Byte-weighted mean freq of `reports` over `[lo, hi)`, and the bytes covered.
-fn mean_freq(reports: &[RegionAccess], lo: u64, hi: u64) -> (f64, u64) {
+/// Byte-weighted mean access fraction (permille of samples) of `reports` over `[lo, hi)`,
+/// and the bytes covered.
+fn mean_permille(reports: &[RegionAccess], lo: u64, hi: u64) -> (f64, u64) {
     let (mut sum, mut bytes) = (0f64, 0u64);
     for a in reports {
         let s = a.start.raw().max(lo);
         let e = (a.start.raw() + a.len).min(hi);
-        if s < e {
-            sum += f64::from(a.freq) * (e - s) as f64;
+        if s < e && a.samples > 0 {
+            let f = 1000.0 * f64::from(a.hits) / f64::from(a.samples);
+            sum += f * (e - s) as f64;
             bytes += e - s;
         }
     }
@@ -185,42 +189,54 @@ fn kdamond_threads() -> usize {
         .count()
 }
 
-/// Runs `src` on a hot/cold buffer and checks the hot part ranks clearly higher.
-fn hot_vs_cold(c: &mut Checks, a: &SourcesArgs, src: &mut dyn HotnessSource) {
+/// Runs `src` on a hot/cold buffer and checks the hot part ranks clearly higher and gets
+/// promotable heat in the store. Returns the most samples one report carried.
+fn hot_vs_cold(c: &mut Checks, a: &SourcesArgs, src: &mut dyn HotnessSource) -> u32 {
     let name = src.name();
     let (Ok(len), Ok(hot)) = (usize::try_from(a.size.0), usize::try_from(a.hot.0)) else {
-        return c.fatal(&format!("{name}: sizes"), "do not fit in memory");
+        c.fatal(&format!("{name}: sizes"), "do not fit in memory");
+        return 0;
     };
     let mut buf = match HotBuf::new(len, hot) {
         Ok(b) => b,
-        Err(e) => return c.fatal(&format!("{name}: allocate"), e),
+        Err(e) => {
+            c.fatal(&format!("{name}: allocate"), e);
+            return 0;
+        }
     };
     let layout = buf.layout();
     if let Err(e) = src.attach(&layout) {
-        return c.fatal(&format!("{name}: attach"), e);
+        c.fatal(&format!("{name}: attach"), e);
+        return 0;
     }
     let mut store = match HotnessStore::new(&layout, StoreConfig::default()) {
         Ok(s) => s,
-        Err(e) => return c.fatal(&format!("{name}: store"), e),
+        Err(e) => {
+            c.fatal(&format!("{name}: store"), e);
+            return 0;
+        }
     };
     let base = buf.addr as u64;
     let (hot_end, end) = (base + hot as u64, base + len as u64);
     let (mut hot_sum, mut cold_sum, mut n) = (0f64, 0f64, 0u32);
     let mut out = Vec::new();
+    let mut samples = 0u32;
     let started = Instant::now();
     for round in 0..a.rounds {
         thread::sleep(Duration::from_secs_f64(a.interval));
         out.clear();
         let t = Instant::now();
         if let Err(e) = src.collect(&mut out) {
-            return c.fatal(&format!("{name}: collect {round}"), e);
+            c.fatal(&format!("{name}: collect {round}"), e);
+            return samples;
         }
+        samples = samples.max(out.iter().map(|r| r.samples).max().unwrap_or(0));
         let took = t.elapsed();
-        let (h, hb) = mean_freq(&out, base, hot_end);
-        let (k, kb) = mean_freq(&out, hot_end, end);
+        let (h, hb) = mean_permille(&out, base, hot_end);
+        let (k, kb) = mean_permille(&out, hot_end, end);
         println!(
-            "  {name} round {round}: {} reports, hot {h:.0} ({} KiB seen), cold {k:.0} ({} KiB \
-             seen), collect {} ms",
+            "  {name} round {round}: {} reports, hot {h:.0}‰ of samples ({} KiB seen), cold \
+             {k:.0}‰ ({} KiB seen), collect {} ms",
             out.len(),
             hb >> 10,
             kb >> 10,
@@ -241,11 +257,11 @@ fn hot_vs_cold(c: &mut Checks, a: &SourcesArgs, src: &mut dyn HotnessSource) {
         cold_sum / f64::from(n.max(1)),
     );
     c.check(
-        h >= 2.0 * k + 32.0,
+        h >= 2.0 * k + 125.0,
         &format!("{name}: hot part ranks above cold part"),
         format!(
-            "mean freq hot {h:.0} vs cold {k:.0} over {n} windows ({} MiB hot of {} MiB, {sweeps} \
-             sweeps in {:.1} s)",
+            "hot part found accessed in {h:.0}‰ of samples vs cold {k:.0}‰ over {n} ticks of up \
+             to {samples} samples ({} MiB hot of {} MiB, {sweeps} sweeps in {:.1} s)",
             hot >> 20,
             len >> 20,
             started.elapsed().as_secs_f64()
@@ -257,16 +273,22 @@ fn hot_vs_cold(c: &mut Checks, a: &SourcesArgs, src: &mut dyn HotnessSource) {
         r.iter().map(|x| f64::from(x.heat())).sum::<f64>() / r.len().max(1) as f64
     };
     let (hh, hc) = (heat(&recs[..g_hot]), heat(&recs[g_hot..]));
+    let promotable = recs[..g_hot]
+        .iter()
+        .filter(|r| r.heat() >= PROMOTE_MIN_HEAT)
+        .count();
     c.check(
-        hh > 2.0 * hc + 4.0,
-        &format!("{name}: store heat follows"),
+        hh > 2.0 * hc + 4.0 && promotable * 10 >= g_hot * 9,
+        &format!("{name}: store heat follows, the hot part promotable"),
         format!(
-            "mean heat hot {hh:.1} vs cold {hc:.1}; histogram slow {:?}; {:.3} bytes per 4 KiB page",
+            "mean heat hot {hh:.1} vs cold {hc:.1}; {promotable} of {g_hot} hot pages at heat \
+             ≥ {PROMOTE_MIN_HEAT}; histogram slow {:?}; {:.3} bytes per 4 KiB page",
             store.histogram().slow,
             store.bytes_per_4k_page()
         ),
     );
     src.detach();
+    samples
 }
 
 /// DAMON sysfs cleanup and sharing with another kdamond user.
@@ -318,6 +340,8 @@ fn damon_sharing(c: &mut Checks, a: &SourcesArgs) {
         "damon: takes the free slot beside a running kdamond",
         format!("{r:?}, slot {:?}", d.kdamond()),
     );
+    // A tick later: at least one aggregation window has ended.
+    thread::sleep(Duration::from_secs(1));
     let mut out = Vec::new();
     let r = d.collect(&mut out);
     c.check(
@@ -372,7 +396,7 @@ fn selection(c: &mut Checks) {
             c.check(
                 s.kind == SourceKind::DamonVaddr
                     && s.reason
-                        .starts_with("hotness source: damon-vaddr (DAMON sysfs with fvaddr"),
+                        .starts_with("hotness source: damon-vaddr (DAMON fvaddr"),
                 "select: auto picks damon-vaddr",
                 &s.reason,
             );
@@ -495,8 +519,39 @@ fn gone(c: &mut Checks, src: &mut dyn HotnessSource) {
     src.detach();
 }
 
-/// DAMON on the workload guest's QEMU: the guest's hot set ranks above the rest of its RAM.
-fn guest_hot_set(c: &mut Checks, a: &SourcesArgs, elf: &std::path::Path) {
+/// THP's `enabled` setting.
+const THP: &str = "/sys/kernel/mm/transparent_hugepage/enabled";
+
+/// DAMON on the workload guest's QEMU: the guest's hot set ranks above the rest of its RAM
+/// and reaches promotable heat in a store with vmtierd's default 2 MiB granules — with the
+/// guest's RAM on huge pages (`thp_off` false) and on 4 KiB pages.
+fn guest_hot_set(c: &mut Checks, a: &SourcesArgs, elf: &std::path::Path, thp_off: bool) {
+    let what = if thp_off {
+        "guest (4 KiB pages)"
+    } else {
+        "guest"
+    };
+    let thp_before = read(THP);
+    if thp_off && !write(THP, "never") {
+        return c.fatal(&format!("{what}: THP off"), THP);
+    }
+    let restore = |c: &mut Checks| {
+        if thp_off {
+            let was = thp_before
+                .split_whitespace()
+                .find(|w| w.starts_with('['))
+                .map(|w| w.trim_matches(|ch| ch == '[' || ch == ']').to_owned())
+                .unwrap_or_else(|| "madvise".into());
+            if !write(THP, &was) {
+                c.fatal(&format!("{what}: THP restore"), THP);
+            }
+        }
+    };
+    guest_hot_set_run(c, a, elf, what);
+    restore(c);
+}
+
+fn guest_hot_set_run(c: &mut Checks, a: &SourcesArgs, elf: &std::path::Path, what: &str) {
     let mut g = match Guest::start(
         &a.qemu,
         elf,
@@ -505,38 +560,47 @@ fn guest_hot_set(c: &mut Checks, a: &SourcesArgs, elf: &std::path::Path) {
         "hot=8M report=5 sweep_every=1000000 duration=900",
     ) {
         Ok(g) => g,
-        Err(e) => return c.fatal("guest: start", e),
+        Err(e) => return c.fatal(&format!("{what}: start"), e),
     };
     let Some(start) = g.wait_for("WG start", Duration::from_secs(60)) else {
-        return c.fatal("guest: WG start", "not seen");
+        return c.fatal(&format!("{what}: WG start"), "not seen");
     };
     if g.wait_for("WG filled", Duration::from_secs(120)).is_none() {
-        return c.fatal("guest: WG filled", "not seen");
+        return c.fatal(&format!("{what}: WG filled"), "not seen");
     }
     let (Some(hot_gpa), Some(hot_bytes)) = (num(&start, "hot_start"), num(&start, "hot_bytes"))
     else {
-        return c.fatal("guest: WG start fields", &start);
+        return c.fatal(&format!("{what}: WG start fields"), &start);
     };
     let layout = match QemuBackend::connect(&g.qmp, Duration::from_secs(10))
         .and_then(|mut b| b.discover())
     {
         Ok(l) => l,
-        Err(e) => return c.fatal("guest: discover", e),
+        Err(e) => return c.fatal(&format!("{what}: discover"), e),
     };
     let (Some(lo), Some(hi)) = (
         layout.translate(GuestPhysAddr(hot_gpa)),
         layout.translate(GuestPhysAddr(hot_gpa + hot_bytes - 1)),
     ) else {
         return c.fatal(
-            "guest: translate hot set",
+            &format!("{what}: translate hot set"),
             format!("{hot_gpa:#x}+{hot_bytes:#x}"),
         );
     };
     let (lo, hi) = (lo.raw(), hi.raw() + 1);
     let mut d = DamonSource::new(DamonConfig::default());
     if let Err(e) = d.attach(&layout) {
-        return c.fatal("guest: damon attach", e);
+        return c.fatal(&format!("{what}: damon attach"), e);
     }
+    let mut store = match HotnessStore::new(
+        &layout,
+        StoreConfig {
+            granule: vmtier_core::GranuleSize::HUGE,
+        },
+    ) {
+        Ok(s) => s,
+        Err(e) => return c.fatal(&format!("{what}: store"), e),
+    };
     let mut out = Vec::new();
     let (mut hs, mut cs, mut n) = (0f64, 0f64, 0u32);
     for round in 0..a.rounds {
@@ -544,17 +608,18 @@ fn guest_hot_set(c: &mut Checks, a: &SourcesArgs, elf: &std::path::Path) {
         g.poll();
         out.clear();
         if let Err(e) = d.collect(&mut out) {
-            return c.fatal("guest: damon collect", e);
+            return c.fatal(&format!("{what}: damon collect"), e);
         }
-        let (h, _) = mean_freq(&out, lo, hi);
-        let rest: Vec<RegionAccess> = out.clone();
+        store.tick();
+        store.observe(&out);
+        let (h, _) = mean_permille(&out, lo, hi);
         let total: u64 = layout.ranges.iter().map(|r| r.len).sum();
-        let all = mean_freq(&rest, 0, u64::MAX);
+        let all = mean_permille(&out, 0, u64::MAX);
         // Mean of everything outside the hot set, from the whole-RAM mean.
         let hot_len = (hi - lo) as f64;
         let k = (all.0 * all.1 as f64 - h * hot_len) / (total as f64 - hot_len).max(1.0);
         println!(
-            "  guest round {round}: {} regions, hot set {h:.0}, rest {k:.0}",
+            "  {what} round {round}: {} regions, hot set {h:.0}‰ of samples, rest {k:.0}‰",
             out.len()
         );
         if round > 0 {
@@ -565,12 +630,34 @@ fn guest_hot_set(c: &mut Checks, a: &SourcesArgs, elf: &std::path::Path) {
     }
     let (h, k) = (hs / f64::from(n.max(1)), cs / f64::from(n.max(1)));
     c.check(
-        h >= 2.0 * k + 16.0,
-        "guest: DAMON ranks the guest's hot set above the rest",
+        h >= 2.0 * k + 63.0,
+        &format!("{what}: DAMON ranks the guest's hot set above the rest"),
         format!(
-            "mean freq hot set {h:.0} vs rest {k:.0} ({} MiB hot of {} MiB)",
+            "hot set found accessed in {h:.0}‰ of samples vs rest {k:.0}‰ ({} MiB hot of {} MiB)",
             hot_bytes >> 20,
             layout.total_bytes() >> 20
+        ),
+    );
+    // The hot set's granules (whole 2 MiB ones inside it) are promotable by the default
+    // policy after these ticks.
+    let granules: Vec<_> = (0..u32::try_from(store.len()).unwrap_or(0))
+        .map(vmtier_core::policy::Granule)
+        .filter(|&gr| {
+            store.span(gr).is_some_and(|sp| {
+                sp.gpa.0 >= hot_gpa && sp.gpa.0 + sp.len <= hot_gpa + hot_bytes && sp.len == 2 << 20
+            })
+        })
+        .collect();
+    let promotable = granules
+        .iter()
+        .filter(|gr| store.records()[gr.index()].heat() >= PROMOTE_MIN_HEAT)
+        .count();
+    c.check(
+        !granules.is_empty() && promotable * 10 >= granules.len() * 9,
+        &format!("{what}: the hot set's granules reach promotable heat"),
+        format!(
+            "{promotable} of {} hot-set 2 MiB granules at heat ≥ {PROMOTE_MIN_HEAT}",
+            granules.len()
         ),
     );
     d.detach();
@@ -586,7 +673,15 @@ pub fn run(c: &mut Checks, a: &SourcesArgs) {
     }
     selection(c);
     let mut d = DamonSource::new(DamonConfig::default());
-    hot_vs_cold(c, a, &mut d);
+    let samples = hot_vs_cold(c, a, &mut d);
+    // One collect per second with DAMON's 5 ms samples: 200 when every window is read,
+    // 20 with one window per collect.
+    let per_window = DamonConfig::default().attrs.max_nr_accesses();
+    c.check(
+        u64::from(samples) >= 5 * per_window,
+        "damon: every aggregation window of a tick is read (tracepoint)",
+        format!("up to {samples} samples per report, {per_window} per window"),
+    );
     let mut s = SoftDirtySource::default();
     hot_vs_cold(c, a, &mut s);
     println!(
@@ -606,6 +701,7 @@ pub fn run(c: &mut Checks, a: &SourcesArgs) {
         ),
     );
     if let Some(elf) = &a.elf {
-        guest_hot_set(c, a, elf);
+        guest_hot_set(c, a, elf, false);
+        guest_hot_set(c, a, elf, true);
     }
 }
