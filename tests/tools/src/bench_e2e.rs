@@ -11,22 +11,24 @@
 
 use std::collections::BTreeMap;
 use std::fs;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
 use vmtier_backends::qemu::QemuBackend;
-use vmtier_core::migrate::{Migrator, PageRef};
-use vmtier_core::{ByteSize, GuestMemoryLayout, HostVirtAddr, NodeId, PageSize};
-use vmtier_migrate::{query_nodes, MovePages, NodeQuery};
+use vmtier_core::migrate::Migrator;
+use vmtier_core::{ByteSize, GuestMemoryLayout, NodeId};
+use vmtier_migrate::{MovePages, NodeQuery};
+
+use vmtier_sources::damon::sysfs as damon;
 
 use crate::check::Checks;
 use crate::daemon::Daemon;
+use crate::guest::GuestPages;
 use crate::guest::{num, residency, Guest};
 use crate::mem::AnonBuf;
 
 const PAGE: u64 = 4096;
-const DAMON: &str = "/sys/kernel/mm/damon/admin/kdamonds";
 const NUMAB: &str = "/proc/sys/kernel/numa_balancing";
 const DEMOTION: &str = "/sys/kernel/mm/numa/demotion_enabled";
 const CGROUP: &str = "/sys/fs/cgroup";
@@ -202,9 +204,47 @@ struct Scheme {
     exclude: Option<(u64, u64)>,
 }
 
-/// A kdamond set up through DAMON sysfs; turned off and removed when dropped.
+impl Scheme {
+    fn to_sysfs(&self) -> damon::Scheme {
+        let mut filters = Vec::new();
+        if let Some(m) = &self.memcg {
+            filters.push(damon::Filter::Memcg {
+                path: m.clone(),
+                matching: false,
+            });
+        }
+        if let Some((start, end)) = self.exclude {
+            filters.push(damon::Filter::Addr {
+                start,
+                end,
+                matching: true,
+            });
+        }
+        damon::Scheme {
+            action: self.action,
+            target_nid: Some(self.target_nid),
+            pattern: damon::AccessPattern {
+                nr_accesses: self.nr_accesses,
+                age: self.age,
+                ..damon::AccessPattern::ANY
+            },
+            quota: Some(damon::Quota {
+                ms: 0,
+                bytes: self.quota_bytes,
+                reset_interval_ms: 1000,
+                weights: (0, 1000, 1000),
+            }),
+            filters,
+        }
+    }
+}
+
+/// A kdamond set up through vmtier's DAMON sysfs driver (the one vmtierd's source uses);
+/// turned off and its slot released when dropped.
 struct Kdamond {
-    nr_schemes: usize,
+    sysfs: damon::Sysfs,
+    slot: usize,
+    schemes: Vec<(&'static str, u32)>,
 }
 
 impl Kdamond {
@@ -216,113 +256,48 @@ impl Kdamond {
         schemes: &[Scheme],
         goal_probe: &mut Option<bool>,
     ) -> Result<Self, String> {
-        if read(&format!("{DAMON}/nr_kdamonds")) != "0" {
-            write(&format!("{DAMON}/nr_kdamonds"), "0")?;
-        }
-        write(&format!("{DAMON}/nr_kdamonds"), "1")?;
+        let sysfs = damon::Sysfs::new(damon::DEFAULT_ROOT);
+        let slot = sysfs.claim(0).map_err(|e| vmtier_core::error_chain(&e))?;
         let k = Self {
-            nr_schemes: schemes.len(),
+            sysfs,
+            slot,
+            schemes: schemes.iter().map(|s| (s.action, s.target_nid)).collect(),
         };
-        let ctx = format!("{DAMON}/0/contexts/0");
-        write(&format!("{DAMON}/0/contexts/nr_contexts"), "1")?;
-        write(&format!("{ctx}/operations"), ops)?;
-        let attrs = format!("{ctx}/monitoring_attrs");
-        write(&format!("{attrs}/intervals/sample_us"), "5000")?;
-        write(&format!("{attrs}/intervals/aggr_us"), "100000")?;
-        write(&format!("{attrs}/intervals/update_us"), "1000000")?;
-        write(&format!("{attrs}/nr_regions/min"), "10")?;
-        write(&format!("{attrs}/nr_regions/max"), "1000")?;
-        write(&format!("{ctx}/targets/nr_targets"), "1")?;
-        let t = format!("{ctx}/targets/0");
-        if let Some(pid) = pid {
-            write(&format!("{t}/pid_target"), &pid.to_string())?;
+        let ctx = damon::Context {
+            ops: ops.into(),
+            attrs: damon::Attrs::default(),
+            targets: vec![damon::Target {
+                pid: pid.map(vmtier_core::ProcessId::new),
+                regions: region.into_iter().collect(),
+            }],
+            schemes: schemes.iter().map(Scheme::to_sysfs).collect(),
+        };
+        let err = |e: damon::Error| vmtier_core::error_chain(&e);
+        k.sysfs.configure(slot, &ctx).map_err(err)?;
+        if goal_probe.is_none() && !schemes.is_empty() {
+            // A quota goal on node 0's use (what a tiering setup wants) — not in 6.12.
+            *goal_probe = Some(k.sysfs.quota_goal_supported(slot, 0, "node_mem_used_bp"));
         }
-        if let Some((s, e)) = region {
-            write(&format!("{t}/regions/nr_regions"), "1")?;
-            write(&format!("{t}/regions/0/start"), &s.to_string())?;
-            write(&format!("{t}/regions/0/end"), &e.to_string())?;
-        }
-        write(
-            &format!("{ctx}/schemes/nr_schemes"),
-            &schemes.len().to_string(),
-        )?;
-        for (i, s) in schemes.iter().enumerate() {
-            let d = format!("{ctx}/schemes/{i}");
-            write(&format!("{d}/action"), s.action)?;
-            write(&format!("{d}/target_nid"), &s.target_nid.to_string())?;
-            let ap = format!("{d}/access_pattern");
-            // The sysfs default for `sz` (and `age`) max is 0, which matches nothing.
-            write(&format!("{ap}/sz/min"), "0")?;
-            write(&format!("{ap}/sz/max"), &u64::MAX.to_string())?;
-            write(
-                &format!("{ap}/nr_accesses/min"),
-                &s.nr_accesses.0.to_string(),
-            )?;
-            write(
-                &format!("{ap}/nr_accesses/max"),
-                &s.nr_accesses.1.to_string(),
-            )?;
-            write(&format!("{ap}/age/min"), &s.age.0.to_string())?;
-            write(&format!("{ap}/age/max"), &s.age.1.to_string())?;
-            let q = format!("{d}/quotas");
-            write(&format!("{q}/ms"), "0")?;
-            write(&format!("{q}/bytes"), &s.quota_bytes.to_string())?;
-            write(&format!("{q}/reset_interval_ms"), "1000")?;
-            write(&format!("{q}/weights/sz_permil"), "0")?;
-            write(&format!("{q}/weights/nr_accesses_permil"), "1000")?;
-            write(&format!("{q}/weights/age_permil"), "1000")?;
-            if goal_probe.is_none() && Path::new(&format!("{q}/goals/nr_goals")).exists() {
-                // A quota goal on node 0's use (what a tiering setup wants) — not in 6.12.
-                write(&format!("{q}/goals/nr_goals"), "1")?;
-                *goal_probe =
-                    Some(write(&format!("{q}/goals/0/target_metric"), "node_mem_used_bp").is_ok());
-                write(&format!("{q}/goals/nr_goals"), "0")?;
-            }
-            let mut filters = Vec::new();
-            if let Some(m) = &s.memcg {
-                filters.push(vec![
-                    ("type", "memcg".to_owned()),
-                    ("memcg_path", m.clone()),
-                    ("matching", "N".to_owned()),
-                ]);
-            }
-            if let Some((a, b)) = s.exclude {
-                filters.push(vec![
-                    ("type", "addr".to_owned()),
-                    ("addr_start", a.to_string()),
-                    ("addr_end", b.to_string()),
-                    ("matching", "Y".to_owned()),
-                ]);
-            }
-            write(
-                &format!("{d}/filters/nr_filters"),
-                &filters.len().to_string(),
-            )?;
-            for (j, f) in filters.iter().enumerate() {
-                for (file, v) in f {
-                    write(&format!("{d}/filters/{j}/{file}"), v)?;
-                }
-            }
-        }
-        write(&format!("{DAMON}/0/state"), "on")?;
+        k.sysfs.command(slot, "on").map_err(err)?;
         Ok(k)
     }
 
     /// `(nr_tried, sz_tried, nr_applied, sz_applied, qt_exceeds)` per scheme.
     fn stats(&self) -> Vec<Value> {
-        let _ = write(&format!("{DAMON}/0/state"), "update_schemes_stats");
-        (0..self.nr_schemes)
-            .map(|i| {
-                let d = format!("{DAMON}/0/contexts/0/schemes/{i}");
-                let st = |f: &str| read(&format!("{d}/stats/{f}")).parse::<u64>().unwrap_or(0);
+        let _ = self.sysfs.command(self.slot, "update_schemes_stats");
+        self.schemes
+            .iter()
+            .enumerate()
+            .map(|(i, (action, nid))| {
+                let st = self.sysfs.scheme_stats(self.slot, i).unwrap_or_default();
                 json!({
-                    "action": read(&format!("{d}/action")),
-                    "target_nid": read(&format!("{d}/target_nid")).parse::<u64>().unwrap_or(0),
-                    "nr_tried": st("nr_tried"),
-                    "sz_tried": st("sz_tried"),
-                    "nr_applied": st("nr_applied"),
-                    "sz_applied": st("sz_applied"),
-                    "qt_exceeds": st("qt_exceeds"),
+                    "action": action,
+                    "target_nid": nid,
+                    "nr_tried": st.nr_tried,
+                    "sz_tried": st.sz_tried,
+                    "nr_applied": st.nr_applied,
+                    "sz_applied": st.sz_applied,
+                    "qt_exceeds": st.qt_exceeds,
                 })
             })
             .collect()
@@ -331,22 +306,12 @@ impl Kdamond {
 
 impl Drop for Kdamond {
     fn drop(&mut self) {
-        let _ = write(&format!("{DAMON}/0/state"), "off");
-        let t = Instant::now();
-        while read(&format!("{DAMON}/0/state")) == "on" && t.elapsed() < Duration::from_secs(10) {
-            std::thread::sleep(Duration::from_millis(50));
-        }
-        let _ = write(&format!("{DAMON}/nr_kdamonds"), "0");
+        let _ = self.sysfs.release(self.slot);
     }
 }
 
 fn kdamonds_on() -> usize {
-    fs::read_dir(DAMON)
-        .into_iter()
-        .flatten()
-        .flatten()
-        .filter(|e| read(&e.path().join("state").to_string_lossy()) == "on")
-        .count()
+    damon::Sysfs::new(damon::DEFAULT_ROOT).running()
 }
 
 /// Moves this process into (`Some`) or out of (`None`) the bench's memory cgroup: QEMU
@@ -364,8 +329,8 @@ fn join_cgroup(inside: bool) -> Result<(), String> {
 
 /// Per-page state over the window.
 struct Tracker {
-    addrs: Vec<HostVirtAddr>,
-    hot: Vec<bool>,
+    pages: GuestPages,
+    hot: (u64, u64),
     last: Vec<Option<u32>>,
     changes: Vec<u16>,
     hot_pages: u64,
@@ -373,41 +338,30 @@ struct Tracker {
 
 impl Tracker {
     fn new(layout: &GuestMemoryLayout, hot: (u64, u64)) -> Self {
-        let mut addrs = Vec::new();
-        let mut is_hot = Vec::new();
-        for r in &layout.ranges {
-            for i in 0..r.len / PAGE {
-                let gpa = r.gpa.0 + i * PAGE;
-                if let Some(a) = r.hva.checked_add(i * PAGE) {
-                    addrs.push(a);
-                    is_hot.push(gpa >= hot.0 && gpa < hot.0 + hot.1);
-                }
-            }
-        }
-        let n = addrs.len();
-        let hot_pages = is_hot.iter().filter(|&&h| h).count() as u64;
+        let pages = GuestPages::new(layout);
+        let n = pages.gpas().len();
+        let hot_pages = pages
+            .gpas()
+            .iter()
+            .filter(|&&g| g >= hot.0 && g < hot.0 + hot.1)
+            .count() as u64;
         Self {
-            addrs,
-            hot: is_hot,
+            pages,
+            hot,
             last: vec![None; n],
             changes: vec![0; n],
             hot_pages,
         }
     }
 
-    /// Queries every page; returns (bytes on node 0, hot-set bytes on node 0).
-    fn sample(&mut self, layout: &GuestMemoryLayout) -> Result<(u64, u64), String> {
-        let q = query_nodes(layout.pid, &self.addrs).map_err(|e| e.to_string())?;
-        let (mut dram, mut hot_dram) = (0, 0);
-        for (i, s) in q.iter().enumerate() {
+    /// Queries every page once; returns (bytes on node 0, hot-set bytes on node 0).
+    fn sample(&mut self) -> Result<(u64, u64), String> {
+        let p = self.pages.sample().map_err(|e| e.to_string())?;
+        let n0 = NodeId::new(0);
+        let (dram, hot_dram) = (p.bytes_on(n0), p.gpa_bytes_on(n0, self.hot.0, self.hot.1));
+        for (i, s) in p.nodes().iter().enumerate() {
             let NodeQuery::On(n) = s else { continue };
             let n = n.raw();
-            if n == 0 {
-                dram += PAGE;
-                if self.hot[i] {
-                    hot_dram += PAGE;
-                }
-            }
             if self.last[i].is_some_and(|l| l != n) {
                 self.changes[i] = self.changes[i].saturating_add(1);
             }
@@ -459,15 +413,7 @@ fn mib(b: u64) -> f64 {
 
 /// Moves every page of the guest to node 1.
 fn to_node1(layout: &GuestMemoryLayout) -> Result<(), String> {
-    let pages: Vec<PageRef> = layout
-        .ranges
-        .iter()
-        .flat_map(|r| (0..r.len / PAGE).filter_map(move |i| r.hva.checked_add(i * PAGE)))
-        .map(|addr| PageRef {
-            addr,
-            size: PageSize::Base,
-        })
-        .collect();
+    let pages = crate::guest::all_pages(layout);
     MovePages::default()
         .migrate(layout.pid, &pages, NodeId::new(1))
         .map(|_| ())
@@ -636,7 +582,7 @@ fn run_one(c: &mut Checks, cx: &mut Ctx<'_>, m: Manager) -> Option<Value> {
         );
     }
     // The per-page baseline, after the RAM is on node 1.
-    if let Err(e) = tracker.sample(&layout) {
+    if let Err(e) = tracker.sample() {
         c.fatal(&format!("{name}: query guest pages"), e);
         return None;
     }
@@ -737,7 +683,7 @@ fn run_one(c: &mut Checks, cx: &mut Ctx<'_>, m: Manager) -> Option<Value> {
         if let Some(d) = due.checked_duration_since(Instant::now()) {
             std::thread::sleep(d);
         }
-        let (dram, hot_dram) = match tracker.sample(&layout) {
+        let (dram, hot_dram) = match tracker.sample() {
             Ok(s) => s,
             Err(e) => {
                 broken = Some(e);

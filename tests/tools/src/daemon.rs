@@ -548,12 +548,8 @@ pub fn run(c: &mut Checks, a: &DaemonArgs) {
         "vmtierd stops cleanly on SIGTERM",
         format!("{code:?}"),
     );
-    let kdamonds_on = std::fs::read_dir("/sys/kernel/mm/damon/admin/kdamonds")
-        .into_iter()
-        .flatten()
-        .flatten()
-        .filter(|e| std::fs::read_to_string(e.path().join("state")).is_ok_and(|s| s.trim() == "on"))
-        .count();
+    let kdamonds_on =
+        vmtier_sources::damon::Sysfs::new(vmtier_sources::damon::DEFAULT_ROOT).running();
     c.check(
         kdamonds_on == 0,
         "no kdamond left running",

@@ -334,13 +334,10 @@ impl Drop for TlbChurn {
 
 /// One page reference per 4 KiB of every guest RAM range. THP-backed ranges are moved whole
 /// by the kernel on their first subpage; the migrator re-queries the rest.
-fn all_pages(layout: &GuestMemoryLayout) -> Vec<PageRef> {
-    let page = PageSize::Base.bytes();
+pub fn all_pages(layout: &GuestMemoryLayout) -> Vec<PageRef> {
     layout
-        .ranges
-        .iter()
-        .flat_map(|r| (0..r.len / page).filter_map(move |i| r.hva.checked_add(i * page)))
-        .map(|addr| PageRef {
+        .base_pages()
+        .map(|(_, addr)| PageRef {
             addr,
             size: PageSize::Base,
         })
@@ -387,20 +384,17 @@ pub struct PageNodes<'a> {
 impl GuestPages {
     /// The pages of `layout` (its ranges are in guest-physical order).
     pub fn new(layout: &GuestMemoryLayout) -> Self {
-        let page = PageSize::Base.bytes();
-        let mut addrs = Vec::new();
-        let mut gpas = Vec::new();
-        for r in &layout.ranges {
-            for (i, a) in r.hva.base_pages(r.len).enumerate() {
-                addrs.push(a);
-                gpas.push(r.gpa.0 + i as u64 * page);
-            }
-        }
+        let (gpas, addrs) = layout.base_pages().map(|(g, a)| (g.0, a)).unzip();
         Self {
             pid: layout.pid,
             addrs,
             gpas,
         }
+    }
+
+    /// The guest physical address of each page, in order.
+    pub fn gpas(&self) -> &[u64] {
+        &self.gpas
     }
 
     /// Where every page is now.
@@ -413,6 +407,11 @@ impl GuestPages {
 }
 
 impl PageNodes<'_> {
+    /// Where each page is, in the order of [`GuestPages::gpas`].
+    pub fn nodes(&self) -> &[NodeQuery] {
+        &self.nodes
+    }
+
     /// Bytes of the guest on `node`.
     pub fn bytes_on(&self, node: NodeId) -> u64 {
         let n = self

@@ -233,8 +233,9 @@ pub fn move_pages(c: &mut Checks, a: &MovePagesArgs) {
     } else {
         PageSize::Base
     };
-    let pages: Vec<PageRef> = (0..len as u64 / size.bytes())
-        .filter_map(|i| buf.addr().checked_add(i * size.bytes()))
+    let pages: Vec<PageRef> = buf
+        .addr()
+        .pages(len as u64, size)
         .map(|addr| PageRef { addr, size })
         .collect();
     let mut mover = MovePages::new(a.batch, false);

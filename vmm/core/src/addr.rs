@@ -84,12 +84,18 @@ impl HostVirtAddr {
         self.0 & (size.bytes() - 1) == 0
     }
 
-    /// The base (4 KiB) pages of `[self, self + len)`, in address order: one address per
-    /// 4 KiB, ending early at the top of the address space. The one loop over base pages
-    /// that migrators, the engine and the tests share.
-    pub fn base_pages(self, len: u64) -> impl Iterator<Item = HostVirtAddr> + Clone {
-        let page = PageSize::Base.bytes();
+    /// The pages of `size` in `[self, self + len)`, in address order: one address per page
+    /// (a partial last page is left out), ending early at the top of the address space.
+    /// The one loop over pages that migrators, the engine and the tests share.
+    pub fn pages(self, len: u64, size: PageSize) -> impl Iterator<Item = HostVirtAddr> + Clone {
+        let page = size.bytes();
         (0..len / page).map_while(move |i| self.checked_add(i * page))
+    }
+
+    /// The base (4 KiB) pages of `[self, self + len)`: [`Self::pages`] with
+    /// [`PageSize::Base`].
+    pub fn base_pages(self, len: u64) -> impl Iterator<Item = HostVirtAddr> + Clone {
+        self.pages(len, PageSize::Base)
     }
 }
 
@@ -485,6 +491,11 @@ mod tests {
         assert_eq!(a.base_pages(0xfff).count(), 0);
         let top = HostVirtAddr::new(u64::MAX - 0x1fff);
         assert_eq!(top.base_pages(0x10_000).count(), 2);
+        let huge = HostVirtAddr::new(0x20_0000).pages(5 << 20, PageSize::Huge);
+        assert_eq!(
+            huge.map(HostVirtAddr::raw).collect::<Vec<_>>(),
+            vec![0x20_0000, 0x40_0000]
+        );
     }
 
     #[test]

@@ -110,6 +110,24 @@ impl GuestMemoryLayout {
         Ok(Self { pid, ranges })
     }
 
+    /// Every base (4 KiB) page of guest RAM with its guest physical address, in
+    /// guest-physical order.
+    pub fn base_pages(&self) -> impl Iterator<Item = (GuestPhysAddr, HostVirtAddr)> + '_ {
+        let page = crate::addr::PageSize::Base.bytes();
+        self.ranges.iter().flat_map(move |r| {
+            r.hva
+                .base_pages(r.len)
+                .enumerate()
+                .map_while(move |(i, a)| {
+                    let gpa = r
+                        .gpa
+                        .0
+                        .checked_add(u64::try_from(i).ok()?.checked_mul(page)?)?;
+                    Some((GuestPhysAddr(gpa), a))
+                })
+        })
+    }
+
     /// Total guest RAM in bytes.
     pub fn total_bytes(&self) -> u64 {
         self.ranges.iter().map(|r| r.len).sum()

@@ -128,9 +128,7 @@ impl Residency {
     /// Queries every base page of `[start, start + len)` in `pid`.
     pub fn of_range(pid: ProcessId, start: HostVirtAddr, len: u64) -> Result<Self, Error> {
         let page = PageSize::Base.bytes();
-        let addrs: Vec<HostVirtAddr> = (0..len / page)
-            .filter_map(|i| start.checked_add(i * page))
-            .collect();
+        let addrs: Vec<HostVirtAddr> = start.base_pages(len).collect();
         let mut r = Self::default();
         for q in query_nodes(pid, &addrs)? {
             match q {
