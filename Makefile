@@ -49,7 +49,7 @@ bench: bench-policies bench-kmod bench-e2e
 
 # Policies on the trace suite vs the oracle, plus the 1 TiB scale figures (docs/policies.md).
 bench-policies: deps
-	$(CARGO) run --release --locked -p vmtier-policies --bin vmtier-sim -- report
+	$(CARGO) run --release --locked -p vmtier-sim --bin vmtier-sim -- report
 
 # Run any command inside the tiered host: make testbed CMD='numactl -H'
 testbed: build

@@ -1500,7 +1500,7 @@ mod tests {
     }
 
     // Realistic signals: weak, noisy and intermittent, as DAMON reports 4 KiB guest pages.
-    use vmtier_policies::rng::Rng;
+    use vmtier_sim::rng::Rng;
 
     /// What a tick's observation of one region looks like: (offset, len, hits, samples).
     type Obs = Vec<(u64, u64, u32, u32)>;

@@ -16,11 +16,12 @@ use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::time::Instant;
 
-use vmtier_policies::gen::{self, Kind, Spec};
-use vmtier_policies::report::{self, TraceReport};
-use vmtier_policies::sim::{self, Config, Planner};
-use vmtier_policies::trace::Trace;
-use vmtier_policies::{lackey, registry, scale};
+use vmtier_policies::registry;
+use vmtier_sim::gen::{self, Kind, Spec};
+use vmtier_sim::report::{self, TraceReport};
+use vmtier_sim::sim::{self, Config, Planner};
+use vmtier_sim::trace::Trace;
+use vmtier_sim::{lackey, scale};
 
 const USAGE: &str = "usage:
   vmtier-sim run --trace FILE --policy NAME [--config FILE] [--json]
@@ -41,7 +42,7 @@ enum Error {
     #[error("Invalid config {0}")]
     ConfigParse(PathBuf, #[source] toml::de::Error),
     #[error("Failed to load trace {0}")]
-    Trace(PathBuf, #[source] vmtier_policies::trace::Error),
+    Trace(PathBuf, #[source] vmtier_sim::trace::Error),
     #[error(transparent)]
     Sim(#[from] sim::Error),
     #[error(transparent)]

@@ -8,10 +8,10 @@
 use std::collections::HashSet;
 
 use vmtier_core::policy::{Granule, HeatRecord, HintFault, PolicyInput, Region, Tier};
-use vmtier_policies::gen::{self, Kind, Spec};
 use vmtier_policies::registry::REGISTRY;
-use vmtier_policies::rng::Rng;
-use vmtier_policies::sim::{self, Config, Planner};
+use vmtier_sim::gen::{self, Kind, Spec};
+use vmtier_sim::rng::Rng;
+use vmtier_sim::sim::{self, Config, Planner};
 
 struct Case {
     records: Vec<HeatRecord>,

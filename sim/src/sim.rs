@@ -43,7 +43,7 @@ pub enum Error {
     Config(&'static str),
     /// The policy could not be built.
     #[error("Failed to build policy")]
-    Policy(#[from] crate::registry::Error),
+    Policy(#[from] vmtier_policies::registry::Error),
     /// The trace has no accesses.
     #[error("Trace has no accesses")]
     EmptyTrace,
@@ -220,7 +220,9 @@ impl Planner {
             return Ok(Planner::Oracle);
         }
         let table = cfg.policy.get(name).and_then(|v| v.as_table());
-        Ok(Planner::Policy(crate::registry::build(name, table)?))
+        Ok(Planner::Policy(vmtier_policies::registry::build(
+            name, table,
+        )?))
     }
 
     /// Policy name.
@@ -743,7 +745,7 @@ mod tests {
         for kind in [Kind::Zipf, Kind::MovingHot] {
             let t = small(kind);
             let oracle = run(&t, &mut Planner::Oracle, &cfg())?;
-            for name in crate::registry::REGISTRY.iter().map(|e| e.name) {
+            for name in vmtier_policies::registry::REGISTRY.iter().map(|e| e.name) {
                 let r = run(&t, &mut Planner::by_name(name, &cfg())?, &cfg())?;
                 assert_eq!(r.plan_violations, 0, "{name} on {kind:?}");
                 assert!(

@@ -6,10 +6,10 @@ use std::time::Instant;
 use serde::Serialize;
 use vmtier_core::policy::{HeatRecord, PlacementPolicy, PolicyInput, Tier};
 
-use crate::default::DefaultPolicy;
 use crate::rng::Rng;
 use crate::sim::{self, Config, Planner};
 use crate::trace::Trace;
+use vmtier_policies::default::DefaultPolicy;
 
 /// Figures of one scale run.
 #[derive(Clone, Debug, Serialize)]

@@ -103,7 +103,7 @@ pub fn run_trace(
     };
     let oracle = sim::run(t, &mut Planner::Oracle, cfg).map_err(sim_err("oracle"))?;
     let mut runs = vec![oracle.clone()];
-    for e in crate::registry::REGISTRY {
+    for e in vmtier_policies::registry::REGISTRY {
         let mut p = Planner::by_name(e.name, cfg).map_err(sim_err(e.name))?;
         runs.push(sim::run(t, &mut p, cfg).map_err(sim_err(e.name))?);
     }
@@ -398,7 +398,10 @@ mod tests {
             ..Config::default()
         };
         let (rep, runs) = run_trace("mh", &t, &cfg)?;
-        assert_eq!(rep.results.len(), crate::registry::REGISTRY.len() + 1);
+        assert_eq!(
+            rep.results.len(),
+            vmtier_policies::registry::REGISTRY.len() + 1
+        );
         assert_eq!(rep.results[0].policy, "oracle");
         assert!((rep.results[0].oracle_ratio - 1.0).abs() < 1e-9);
         assert!(rep.results.iter().all(|r| r.oracle_ratio <= 1.0 + 1e-9));

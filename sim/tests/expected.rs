@@ -1,13 +1,13 @@
 //! Expected-output tests: small committed traces in `tests/traces/`, every policy, the plans
 //! it makes per tick, diffed against `tests/traces/expected/<trace>.<policy>.txt`.
-//! Regenerate with `VMTIER_BLESS=1 cargo test -p vmtier-policies --test expected`.
+//! Regenerate with `VMTIER_BLESS=1 cargo test -p vmtier-sim --test expected`.
 
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 
-use vmtier_policies::gen::{self, Kind, Spec};
-use vmtier_policies::sim::{self, Config, Planner};
-use vmtier_policies::trace::Trace;
+use vmtier_sim::gen::{self, Kind, Spec};
+use vmtier_sim::sim::{self, Config, Planner};
+use vmtier_sim::trace::Trace;
 
 fn traces_dir() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/traces")
