@@ -103,7 +103,7 @@ impl PlacementPolicy for Damos {
         if demote.len() < over {
             demote = select::coldest_fast(input.records, over as u64);
         }
-        select::fit(input, Plan { promote, demote }, fast_used)
+        select::fit(input, &Plan { promote, demote })
     }
 }
 

@@ -140,7 +140,7 @@ impl PlacementPolicy for DefaultPolicy {
         let q = select::quotas(&h, input.fast_budget, input.max_moves, &rules);
         let mut b = HintCursor::new(input, self.cfg.hot_hint_heat);
         let plan = select::collect(input.records, rules.min_move_age, |i, r| b.key(i, r), q);
-        select::fit(input, plan, h.fast_used)
+        select::fit(input, &plan)
     }
 }
 

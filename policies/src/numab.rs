@@ -59,7 +59,7 @@ pub(crate) fn make_room(input: &PolicyInput<'_>, promote: Vec<Granule>, headroom
         .saturating_add(fast_used.saturating_sub(input.fast_budget))
         .saturating_sub(free);
     let demote = select::coldest_fast(input.records, need.min(input.max_moves));
-    select::fit(input, Plan { promote, demote }, fast_used)
+    select::fit(input, &Plan { promote, demote })
 }
 
 /// The NUMA-balancing tiering-mode model.

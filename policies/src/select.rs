@@ -216,28 +216,21 @@ pub fn plan_by_key(
     let h = histogram(input.records, rules.min_move_age, &mut key);
     let q = quotas(&h, input.fast_budget, input.max_moves, rules);
     let plan = collect(input.records, rules.min_move_age, key, q);
-    fit(input, plan, h.fast_used)
+    fit(input, &plan)
 }
 
-/// Trims a plan to what the engine would apply: demotions of fast granules first, then
-/// promotions of slow granules while the budget has room, `max_moves` in all. Entries on the
-/// wrong tier or out of range are dropped.
-pub fn fit(input: &PolicyInput<'_>, mut plan: Plan, fast_used: u64) -> Plan {
-    let on = |g: &Granule, fast: bool| {
-        input
-            .records
-            .get(g.index())
-            .is_some_and(|r| r.is_fast() == fast)
-    };
-    plan.demote.retain(|g| on(g, true));
-    plan.promote.retain(|g| on(g, false));
+/// Trims a plan to what the engine will apply ([`Plan::enforce`], the one rule), within the
+/// move limit: demotions the budget forces beyond the plan are left to the engine.
+pub fn fit(input: &PolicyInput<'_>, plan: &Plan) -> Plan {
+    let mut e = plan.enforce(input.records, input.fast_budget, input.max_moves);
+    let own = e.demote.len() - usize::try_from(e.forced).unwrap_or(0);
     let max = usize::try_from(input.max_moves).unwrap_or(usize::MAX);
-    plan.demote.truncate(max);
-    let after = fast_used.saturating_sub(plan.demote.len() as u64);
-    let room = usize::try_from(input.fast_budget.saturating_sub(after)).unwrap_or(usize::MAX);
-    plan.promote
-        .truncate(room.min(max.saturating_sub(plan.demote.len())));
-    plan
+    e.demote.truncate(own.min(max));
+    e.promote.truncate(max - e.demote.len());
+    Plan {
+        promote: e.promote,
+        demote: e.demote,
+    }
 }
 
 /// The `k` coldest fast granules by heat (ties in address order), whatever their move age.

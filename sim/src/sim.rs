@@ -449,7 +449,6 @@ pub fn run_logged(
     let mut observed: Vec<u16> = Vec::new();
     let mut future: Vec<u64> = Vec::new();
     let mut last_move = vec![0u64; n];
-    let mut stamp = vec![0u64; n];
     let mut next_sample = u64::from(cfg.sample_period);
 
     let mut res = RunResult {
@@ -607,22 +606,18 @@ pub fn run_logged(
         plan_ns_total += dt;
         plan_ns_max = plan_ns_max.max(dt);
 
-        // Apply as the engine would.
+        // Apply as the engine does: the one enforcement rule, moves that always succeed.
         let mut moved = 0u64;
         let stamp_now = tick + 1;
-        let Plan { promote, demote } = plan;
-        let mut apply = |g: Granule, to: Tier, fast_used: &mut u64, res: &mut RunResult| {
+        let e = plan.enforce(&records, budget, max_moves);
+        res.plan_violations += e.invalid + e.deferred;
+        let moves = e
+            .demote
+            .iter()
+            .map(|&g| (g, Tier::Slow))
+            .chain(e.promote.iter().map(|&g| (g, Tier::Fast)));
+        for (g, to) in moves {
             let i = g.index();
-            let ok = i < n
-                && stamp[i] != stamp_now
-                && records[i].tier() != to
-                && moved < max_moves
-                && (to == Tier::Slow || *fast_used < budget);
-            if !ok {
-                res.plan_violations += 1;
-                return;
-            }
-            stamp[i] = stamp_now;
             if last_move[i] != 0 && stamp_now - last_move[i] <= cfg.pingpong_window {
                 res.pingpong_pages += granule_pages;
             }
@@ -630,17 +625,11 @@ pub fn run_logged(
             allocated[i] = true;
             records[i] = records[i].moved_to(to);
             if to == Tier::Fast {
-                *fast_used += 1;
+                fast_used += 1;
             } else {
-                *fast_used -= 1;
+                fast_used -= 1;
             }
             moved += 1;
-        };
-        for g in demote {
-            apply(g, Tier::Slow, &mut fast_used, &mut res);
-        }
-        for g in promote {
-            apply(g, Tier::Fast, &mut fast_used, &mut res);
         }
         res.moves += moved;
 

@@ -315,6 +315,105 @@ impl Plan {
     }
 }
 
+/// What the engine runs of a [`Plan`] in one tick: the one enforcement rule, used by vmtierd's
+/// engine and by the simulator ([`Plan::enforce`]).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Enforced {
+    /// Granules to move to the slow tier: the plan's, then any the budget forces.
+    pub demote: Vec<Granule>,
+    /// Granules to move to the fast tier, in the plan's order.
+    pub promote: Vec<Granule>,
+    /// How many of `demote` the budget forced beyond the plan (coldest fast granules first).
+    pub forced: u64,
+    /// Plan entries left for a later tick by the move limit or the budget.
+    pub deferred: u64,
+    /// Plan entries that cannot run: out of range, on the wrong tier, or planned twice.
+    pub invalid: u64,
+}
+
+impl Plan {
+    /// Trims the plan to what may run this tick, given the records, the budget and the move
+    /// limit (granules):
+    ///
+    /// 1. entries out of range, on the wrong tier (a promotion of a fast granule, a demotion
+    ///    of a slow one) or planned twice are dropped (`invalid`);
+    /// 2. **demotions first**; if the fast tier would still be over `budget` after them, the
+    ///    coldest other fast granules are added (`forced`) — a budget cut is a hard limit, so
+    ///    demotions may exceed `max_moves` by as much as the fast tier is over budget;
+    /// 3. **promotions** while the budget has room after the demotions and moves are left
+    ///    (`max_moves` counts both directions).
+    ///
+    /// Everything the limits cut is `deferred`. A caller whose demotions may fail (the
+    /// engine) must recheck the room before promoting.
+    pub fn enforce(&self, records: &[HeatRecord], budget: u64, max_moves: u64) -> Enforced {
+        let mut e = Enforced::default();
+        let mut seen = std::collections::HashSet::with_capacity(self.moves());
+        let mut valid = |g: &Granule, fast: bool| {
+            records.get(g.index()).is_some_and(|r| r.is_fast() == fast) && seen.insert(g.0)
+        };
+        e.demote = self
+            .demote
+            .iter()
+            .copied()
+            .filter(|g| valid(g, true))
+            .collect();
+        e.promote = self
+            .promote
+            .iter()
+            .copied()
+            .filter(|g| valid(g, false))
+            .collect();
+        e.invalid = (self.moves() - e.demote.len() - e.promote.len()) as u64;
+
+        let fast_used = records.iter().filter(|r| r.is_fast()).count() as u64;
+        let over = fast_used.saturating_sub(budget);
+        let planned = e.demote.len() as u64;
+        if planned < over {
+            let mut need = over - planned;
+            let mut planned_set: Vec<u32> = e.demote.iter().map(|g| g.0).collect();
+            planned_set.sort_unstable();
+            // Coldest first: one pass per heat level that still has candidates.
+            let mut by_heat = [0u64; HeatRecord::MAX_HEAT as usize + 1];
+            for r in records.iter().filter(|r| r.is_fast()) {
+                by_heat[usize::from(r.heat())] += 1;
+            }
+            for heat in 0..=HeatRecord::MAX_HEAT {
+                if need == 0 {
+                    break;
+                }
+                if by_heat[usize::from(heat)] == 0 {
+                    continue;
+                }
+                for (i, r) in records.iter().enumerate() {
+                    if need == 0 {
+                        break;
+                    }
+                    let Ok(i) = u32::try_from(i) else { break };
+                    if r.is_fast() && r.heat() == heat && planned_set.binary_search(&i).is_err() {
+                        e.demote.push(Granule(i));
+                        e.forced += 1;
+                        need -= 1;
+                    }
+                }
+            }
+        }
+        let cap = usize::try_from(max_moves.max(over)).unwrap_or(usize::MAX);
+        if e.demote.len() > cap {
+            e.deferred += (e.demote.len() - cap) as u64;
+            e.demote.truncate(cap);
+        }
+        let demoted = e.demote.len() as u64;
+        let room = budget.saturating_sub(fast_used.saturating_sub(demoted));
+        let left = max_moves.saturating_sub(demoted);
+        let n = usize::try_from(room.min(left))
+            .unwrap_or(usize::MAX)
+            .min(e.promote.len());
+        e.deferred += (e.promote.len() - n) as u64;
+        e.promote.truncate(n);
+        e
+    }
+}
+
 /// Decides which granules belong in the fast tier. Must be pure.
 pub trait PlacementPolicy: Send {
     /// Registry name (`default`, `tpp`, ...).
@@ -457,6 +556,111 @@ mod tests {
         let r = HeatRecord::new(3, Tier::Fast, 1).with_heat(40);
         assert_eq!((r.heat(), r.tier(), r.move_age()), (31, Tier::Fast, 1));
         assert_eq!(HeatRecord::default().placed_on(Tier::Fast).move_age(), 3);
+    }
+
+    #[test]
+    fn enforcement_table() {
+        use Tier::{Fast as F, Slow as S};
+        let s = HeatRecord::SETTLED;
+        // (records (heat, tier), promote, demote, budget, max_moves)
+        //   -> (promote, demote, forced, deferred, invalid)
+        type Case = (
+            &'static str,
+            Vec<(u8, Tier)>,
+            Vec<u32>,
+            Vec<u32>,
+            u64,
+            u64,
+            (Vec<u32>, Vec<u32>, u64, u64, u64),
+        );
+        let cases: Vec<Case> = vec![
+            (
+                "room: promotions in plan order",
+                vec![(9, S), (5, S), (1, S)],
+                vec![1, 0],
+                vec![],
+                2,
+                10,
+                (vec![1, 0], vec![], 0, 0, 0),
+            ),
+            (
+                "budget full: promotions wait for the demotions",
+                vec![(9, S), (0, F), (1, F)],
+                vec![0],
+                vec![1],
+                2,
+                10,
+                (vec![0], vec![1], 0, 0, 0),
+            ),
+            (
+                "no room left: deferred",
+                vec![(9, S), (0, F)],
+                vec![0],
+                vec![],
+                1,
+                10,
+                (vec![], vec![], 0, 1, 0),
+            ),
+            (
+                "moves shared, demotions first",
+                vec![(9, S), (8, S), (0, F), (1, F)],
+                vec![0, 1],
+                vec![2, 3],
+                2,
+                3,
+                (vec![0], vec![2, 3], 0, 1, 0),
+            ),
+            (
+                "over budget: the coldest others are forced out, past the move limit",
+                vec![(9, F), (1, F), (5, F), (0, F)],
+                vec![],
+                vec![],
+                1,
+                1,
+                (vec![], vec![3, 1, 2], 3, 0, 0),
+            ),
+            (
+                "over budget with a planned demotion",
+                vec![(9, F), (1, F), (5, F)],
+                vec![],
+                vec![2],
+                1,
+                10,
+                (vec![], vec![2, 1], 1, 0, 0),
+            ),
+            (
+                "wrong tier, out of range and twice are invalid",
+                vec![(9, S), (1, F)],
+                vec![1, 0, 0, 7],
+                vec![0, 1, 1],
+                2,
+                10,
+                (vec![0], vec![1], 0, 0, 5),
+            ),
+        ];
+        for (name, spec, promote, demote, budget, moves, want) in cases {
+            let r: Vec<_> = spec
+                .iter()
+                .map(|&(h, t)| HeatRecord::new(h, t, s))
+                .collect();
+            let plan = Plan {
+                promote: promote.into_iter().map(Granule).collect(),
+                demote: demote.into_iter().map(Granule).collect(),
+            };
+            let e = plan.enforce(&r, budget, moves);
+            let ids = |v: &[Granule]| v.iter().map(|g| g.0).collect::<Vec<_>>();
+            assert_eq!(
+                (
+                    ids(&e.promote),
+                    ids(&e.demote),
+                    e.forced,
+                    e.deferred,
+                    e.invalid
+                ),
+                want,
+                "{name}"
+            );
+        }
     }
 
     #[test]

@@ -677,7 +677,7 @@ fn tick_vm(
     let g = cfg.granule.bytes();
     let budget = vm.budget_bytes / g;
     let input = PolicyInput::from_records(vm.tick, g, vm.store.records(), budget, moves_left);
-    let mut fast_used = input.fast_used();
+    let fast_used = input.fast_used();
     let plan = vm.parts.policy.plan(&input);
     if log::log_enabled!(log::Level::Debug) && !plan.is_empty() {
         let show = |gs: &[Granule]| -> String {
@@ -697,48 +697,24 @@ fn tick_vm(
         );
     }
 
-    // Demotions first: what the policy asks, and more if DRAM is over budget (a budget
-    // lowered at runtime), coldest first.
-    let mut demote: Vec<Granule> = plan.demote.clone();
-    if fast_used.saturating_sub(demote.len() as u64) > budget {
-        let mut planned: Vec<usize> = demote.iter().map(|g| g.index()).collect();
-        planned.sort_unstable();
-        let mut extra: Vec<(u8, Granule)> = vm
-            .store
-            .records()
-            .iter()
-            .enumerate()
-            .filter(|(i, r)| r.is_fast() && planned.binary_search(i).is_err())
-            .filter_map(|(i, r)| Some((r.heat(), Granule(u32::try_from(i).ok()?))))
-            .collect();
-        extra.sort_by_key(|e| e.0);
-        let need = fast_used - demote.len() as u64 - budget;
-        demote.extend(
-            extra
-                .into_iter()
-                .take(usize::try_from(need).unwrap_or(usize::MAX))
-                .map(|e| e.1),
+    // The one enforcement rule (demotions first, forced ones when over budget — a budget
+    // cut ignores the rate limit — then promotions while there is room and rate left).
+    let e = plan.enforce(vm.store.records(), budget, moves_left);
+    vm.metrics.deferred_granules += e.deferred;
+    if e.invalid > 0 {
+        debug!(
+            "{name}: tick {}: {} invalid plan entries dropped",
+            vm.tick, e.invalid
         );
     }
-    let over = fast_used.saturating_sub(budget);
-    // Over budget, demotions ignore the rate limit: the budget is a hard limit.
-    let demote_cap = moves_left.max(over);
-    let demote_n = demote
-        .len()
-        .min(usize::try_from(demote_cap).unwrap_or(usize::MAX));
-    vm.metrics.deferred_granules += (demote.len() - demote_n) as u64;
-    demote.truncate(demote_n);
-    let left_fast = move_granules(cfg, migrator, vm, &demote, Tier::Slow)?;
-    fast_used = fast_used.saturating_sub(left_fast);
-
-    // Promotions while there is room and rate left.
-    let room = budget.saturating_sub(fast_used);
-    let moves_left = moves_left.saturating_sub(demote.len() as u64);
-    let n = usize::try_from(room.min(moves_left))
+    let left_fast = move_granules(cfg, migrator, vm, &e.demote, Tier::Slow)?;
+    // Demotions that did not complete still hold DRAM: promote only into real room.
+    let room = budget.saturating_sub(fast_used.saturating_sub(left_fast));
+    let n = usize::try_from(room)
         .unwrap_or(usize::MAX)
-        .min(plan.promote.len());
-    vm.metrics.deferred_granules += (plan.promote.len() - n) as u64;
-    move_granules(cfg, migrator, vm, &plan.promote[..n], Tier::Fast)?;
+        .min(e.promote.len());
+    vm.metrics.deferred_granules += (e.promote.len() - n) as u64;
+    move_granules(cfg, migrator, vm, &e.promote[..n], Tier::Fast)?;
 
     if cfg.refresh_ticks > 0 && vm.tick % cfg.refresh_ticks == 0 {
         recheck_layout(cfg, migrator, vm)?;
