@@ -13,6 +13,7 @@
 // instead of a `try_from` per access.
 #![allow(clippy::cast_possible_truncation)]
 
+pub mod damon;
 pub mod gen;
 pub mod lackey;
 pub mod oracle;

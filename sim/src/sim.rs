@@ -1,25 +1,27 @@
 //! The trace-driven simulator behind `vmtier-sim`.
 //!
-//! A trace is cut into ticks of `tick_accesses` accesses, each tick into
-//! `abit_scans_per_tick` sub-intervals. While replaying, the simulator records what each
-//! tracking source would have seen:
+//! A trace is cut into ticks of `tick_accesses` accesses (one vmtierd tick, `tick_ms` of
+//! time). While replaying, the simulator records what each tracking source would have seen:
 //!
-//! - A-bit scans: per granule, one bit per sub-interval in which it was touched (EPT/NPT
-//!   accessed bits cleared at every scan); the observation is the number of scans that found
-//!   it accessed.
-//! - DAMON-style adaptive regions: at every sub-interval each region checks one random
-//!   granule's bit; at the end of the tick regions age, merge when their access counts are
-//!   within 10 % of the samples, and split in two while fewer than half of `damon_max_regions`
-//!   (Linux `mm/damon/core.c` behaviour as documented).
+//! - **DAMON, as vmtierd reads it** ([`crate::damon`]): DAMON's sampling (one random address
+//!   per region per `damon_sample_us`, the accessed bit of its 4 KiB page — or of its whole
+//!   2 MiB page with `thp`), aggregation windows of `damon_aggr_us` with the kernel's
+//!   merge/split rules and region limits, every window of the tick summed by the same code
+//!   vmtierd's source runs (`vmtier_sources::damon::trace::accumulate`). Policies that read
+//!   regions (DAMOS) get the last window's regions.
+//! - **Soft-dirty**, vmtierd's fallback: each 4 KiB page written during the tick, one sample.
+//! - A-bit scans: per granule, one bit per sub-interval (`abit_scans_per_tick`) in which it
+//!   was touched (EPT/NPT accessed bits cleared at every scan).
 //! - IBS/PEBS-like sampling: one access in `sample_period` (jittered) is sampled.
 //! - NUMA hint faults: a scanner walks the populated slow-tier granules at
 //!   `hint_scan_mb_per_tick` and unmaps them; the next access faults, with its latency.
 //!
-//! The engine's one-byte [`HeatRecord`] per granule is updated from the policy's source
-//! with the daemon's rule (`heat = heat / 2 + HeatRecord::heat_gain(hits, samples)`), move
-//! ages advance, the policy plans, and the
-//! plan is applied as the daemon's engine would: demotions first, then promotions while the
-//! budget has room, at most `max_moves` granules per tick. Costs: every access costs
+//! Every source's observations go into vmtierd's own hotness store
+//! (`vmtier_sources::store::HotnessStore`, the one heat rule `HeatRecord::heat_gain`), its
+//! records are the policy input, and the plan is applied with the engine's enforcement
+//! (`Plan::enforce`): demotions first, then promotions while the budget has room, at most
+//! `max_moves` granules per tick. So a policy on the `damon` source with the default policy
+//! is vmtierd as shipped (the report's `vmtierd` rows). Costs: every access costs
 //! `compute_ns_per_access` plus `dram_ns` or `cxl_ns`; migration copies at the `move_pages`
 //! bandwidth for the granule size; the estimated slowdown is against the same trace all in
 //! DRAM.
@@ -28,10 +30,16 @@ use std::time::Instant;
 
 use serde::{Deserialize, Serialize};
 use vmtier_core::policy::{
-    Granule, HeatRecord, HintFault, PlacementPolicy, Plan, PolicyInput, Region, Tier,
-    TrackingSource,
+    Granule, HintFault, PlacementPolicy, Plan, PolicyInput, Region, Tier, TrackingSource,
 };
+use vmtier_core::{
+    Backing, GranuleSize, GuestMemoryLayout, GuestPhysAddr, GuestRamRange, HostVirtAddr, PageSize,
+    ProcessId, RegionAccess,
+};
+use vmtier_sources::damon::trace::{accumulate, WindowRegion};
+use vmtier_sources::store::{HotnessStore, StoreConfig};
 
+use crate::damon::{Attrs as DamonAttrs, DamonModel, Reported};
 use crate::rng::Rng;
 use crate::trace::Trace;
 
@@ -65,21 +73,25 @@ pub enum Initial {
 pub enum SourceName {
     /// [`TrackingSource::AbitScan`].
     Abit,
-    /// [`TrackingSource::DamonRegions`].
+    /// [`TrackingSource::DamonRegions`]: DAMON as vmtierd reads it.
     Damon,
     /// [`TrackingSource::Sampling`].
     Sampling,
     /// [`TrackingSource::HintFaults`].
     HintFaults,
+    /// [`TrackingSource::SoftDirty`]: vmtierd's fallback.
+    SoftDirty,
 }
 
 impl SourceName {
-    fn to_source(self) -> TrackingSource {
+    /// The source it names.
+    pub fn to_source(self) -> TrackingSource {
         match self {
             SourceName::Abit => TrackingSource::AbitScan,
             SourceName::Damon => TrackingSource::DamonRegions,
             SourceName::Sampling => TrackingSource::Sampling,
             SourceName::HintFaults => TrackingSource::HintFaults,
+            SourceName::SoftDirty => TrackingSource::SoftDirty,
         }
     }
 }
@@ -91,6 +103,7 @@ pub fn source_name(s: TrackingSource) -> &'static str {
         TrackingSource::DamonRegions => "damon",
         TrackingSource::Sampling => "sampling",
         TrackingSource::HintFaults => "hint-faults",
+        TrackingSource::SoftDirty => "soft-dirty",
         TrackingSource::None => "none",
     }
 }
@@ -119,12 +132,22 @@ pub struct Config {
     pub migrate_gb_s_4k: f64,
     /// Migration bandwidth for 2 MiB pages, GB/s (upstream move_pages, anchors: 11.02).
     pub migrate_gb_s_2m: f64,
-    /// A-bit scans (and DAMON samples) per tick, 1..=16.
+    /// A-bit scans per tick (the `abit` source), 1..=16.
     pub abit_scans_per_tick: u8,
+    /// Length of one tick in milliseconds: the time DAMON's intervals are measured against
+    /// (vmtierd's default tick, 1000).
+    pub tick_ms: u32,
+    /// DAMON sampling interval, µs (DAMON's default, 5000).
+    pub damon_sample_us: u32,
+    /// DAMON aggregation interval, µs (DAMON's default, 100000).
+    pub damon_aggr_us: u32,
     /// DAMON minimum number of regions.
     pub damon_min_regions: u32,
     /// DAMON maximum number of regions.
     pub damon_max_regions: u32,
+    /// Guest RAM on 2 MiB huge pages: one accessed bit per 2 MiB for DAMON (as QEMU's
+    /// THP-backed RAM); false: 4 KiB pages, one bit per page (THP off, fragmented, KSM).
+    pub thp: bool,
     /// One access in this many is sampled (IBS/PEBS-like).
     pub sample_period: u32,
     /// NUMA-balancing scan size per tick in MiB (kernel default 256 MB per scan period).
@@ -157,8 +180,12 @@ impl Default for Config {
             migrate_gb_s_4k: 3.31,
             migrate_gb_s_2m: 11.02,
             abit_scans_per_tick: 8,
+            tick_ms: 1000,
+            damon_sample_us: 5000,
+            damon_aggr_us: 100_000,
             damon_min_regions: 10,
             damon_max_regions: 1000,
+            thp: false,
             sample_period: 64,
             hint_scan_mb_per_tick: 256,
             pingpong_window: 4,
@@ -190,6 +217,14 @@ impl Config {
         if self.damon_min_regions == 0 || self.damon_max_regions < self.damon_min_regions {
             return Err(Error::Config(
                 "need 0 < damon_min_regions ≤ damon_max_regions",
+            ));
+        }
+        if self.damon_sample_us == 0
+            || self.damon_aggr_us < self.damon_sample_us
+            || u64::from(self.tick_ms) * 1000 < u64::from(self.damon_aggr_us)
+        {
+            return Err(Error::Config(
+                "need 0 < damon_sample_us ≤ damon_aggr_us ≤ tick_ms × 1000",
             ));
         }
         if !(self.dram_ns > 0.0 && self.cxl_ns > 0.0 && self.migrate_gb_s_4k > 0.0) {
@@ -286,112 +321,6 @@ pub struct RunResult {
     pub heatmap: Vec<Vec<(f32, f32)>>,
 }
 
-struct Damon {
-    regions: Vec<DRegion>,
-    min: usize,
-    max: usize,
-    granules: u32,
-}
-
-#[derive(Clone, Copy)]
-struct DRegion {
-    start: u32,
-    len: u32,
-    nr: u16,
-    last_nr: u16,
-    age: u16,
-}
-
-impl Damon {
-    fn new(granules: u32, min: u32, max: u32) -> Self {
-        let n = min.min(granules).max(1);
-        let regions = (0..n)
-            .map(|i| {
-                let s = (u64::from(granules) * u64::from(i) / u64::from(n)) as u32;
-                let e = (u64::from(granules) * u64::from(i + 1) / u64::from(n)) as u32;
-                DRegion {
-                    start: s,
-                    len: e - s,
-                    nr: 0,
-                    last_nr: 0,
-                    age: 0,
-                }
-            })
-            .collect();
-        Self {
-            regions,
-            min: min as usize,
-            max: max as usize,
-            granules,
-        }
-    }
-
-    fn sample(&mut self, mask: &[u16], bit: u16, rng: &mut Rng) {
-        for r in &mut self.regions {
-            let g = r.start + rng.below(u64::from(r.len)) as u32;
-            if mask[g as usize] & bit != 0 {
-                r.nr = r.nr.saturating_add(1);
-            }
-        }
-    }
-
-    fn aggregate(&mut self, samples: u16, rng: &mut Rng, out: &mut Vec<Region>) {
-        let thr = (samples / 10).max(1);
-        out.clear();
-        for r in &mut self.regions {
-            if r.nr.abs_diff(r.last_nr) <= thr {
-                r.age = r.age.saturating_add(1);
-            } else {
-                r.age = 0;
-            }
-            out.push(Region {
-                start: Granule(r.start),
-                len: r.len,
-                nr_accesses: r.nr,
-                age: r.age,
-            });
-        }
-        let max_len = (self.granules / self.min.max(1) as u32).max(1);
-        let mut merged: Vec<DRegion> = Vec::with_capacity(self.regions.len());
-        for r in self.regions.drain(..) {
-            if let Some(m) = merged.last_mut() {
-                if m.nr.abs_diff(r.nr) <= thr && m.len + r.len <= max_len {
-                    let (a, b) = (u64::from(m.len), u64::from(r.len));
-                    let w =
-                        |x: u16, y: u16| ((u64::from(x) * a + u64::from(y) * b) / (a + b)) as u16;
-                    m.nr = w(m.nr, r.nr);
-                    m.age = w(m.age, r.age);
-                    m.len += r.len;
-                    continue;
-                }
-            }
-            merged.push(r);
-        }
-        if merged.len() < self.max / 2 {
-            let mut split = Vec::with_capacity(merged.len() * 2);
-            for r in merged {
-                if r.len >= 2 {
-                    let cut = 1 + rng.below(u64::from(r.len - 1)) as u32;
-                    split.push(DRegion { len: cut, ..r });
-                    split.push(DRegion {
-                        start: r.start + cut,
-                        len: r.len - cut,
-                        ..r
-                    });
-                } else {
-                    split.push(r);
-                }
-            }
-            merged = split;
-        }
-        for r in &mut merged {
-            r.last_nr = r.nr;
-            r.nr = 0;
-        }
-        self.regions = merged;
-    }
-}
-
 /// Runs `planner` over `trace` with `cfg`.
 pub fn run(trace: &Trace, planner: &mut Planner, cfg: &Config) -> Result<RunResult, Error> {
     run_logged(trace, planner, cfg, &mut |_, _| {})
@@ -409,12 +338,21 @@ pub fn run_logged(
     if trace.accesses.is_empty() {
         return Err(Error::EmptyTrace);
     }
+    if trace.page_shift != 12 {
+        return Err(Error::Config(
+            "traces must count 4 KiB pages (page_shift 12)",
+        ));
+    }
     let started = Instant::now();
-    let gshift = u32::from(cfg.granule_pages_log2);
-    let page_bytes = 1u64 << trace.page_shift;
-    let granule_pages = 1u64 << gshift;
-    let granule_bytes = page_bytes << gshift;
-    let n = (u64::from(trace.pages).div_ceil(granule_pages)) as usize;
+    let granule = GranuleSize::from_pages_log2(cfg.granule_pages_log2)
+        .map_err(|_| Error::Config("granule_pages_log2 must be 0..=9"))?;
+    let gshift = granule.pages_log2();
+    let granule_pages = granule.base_pages();
+    let granule_bytes = granule.bytes();
+    let page_bytes = PageSize::Base.bytes();
+    let mut store = HotnessStore::new(&sim_layout(trace.pages), StoreConfig { granule })
+        .map_err(|_| Error::Config("too many granules"))?;
+    let n = store.len();
     let mut touched = vec![false; n];
     for &p in &trace.accesses {
         touched[(p >> gshift) as usize] = true;
@@ -431,21 +369,49 @@ pub fn run_logged(
     let scans = u16::from(cfg.abit_scans_per_tick);
     let mut rng = Rng::new(cfg.seed);
 
-    let mut records = vec![HeatRecord::default(); n];
     let mut allocated = vec![cfg.initial == Initial::Slow; n];
     let mut fast_used: u64 = 0;
     let mut mask = vec![0u16; n];
     let mut counts = vec![0u32; n];
     let sampling = source == TrackingSource::Sampling;
     let hinting = source == TrackingSource::HintFaults;
+    let soft_dirty = source == TrackingSource::SoftDirty;
     let mut samples = vec![0u16; if sampling { n } else { 0 }];
+    let mut written = vec![false; if soft_dirty { trace.pages as usize } else { 0 }];
     let mut unmapped_at = vec![u64::MAX; if hinting { n } else { 0 }];
     let mut faults: Vec<HintFault> = Vec::new();
     let mut scan_cursor = 0usize;
     let scan_per_tick = (cfg.hint_scan_mb_per_tick << 20) / granule_bytes;
-    let mut damon = (source == TrackingSource::DamonRegions)
-        .then(|| Damon::new(n as u32, cfg.damon_min_regions, cfg.damon_max_regions));
+
+    // DAMON: samples per tick and per window; the sample in which each accessed-bit unit was
+    // last touched.
+    let damon_samples = (u64::from(cfg.tick_ms) * 1000 / u64::from(cfg.damon_sample_us)).max(1);
+    let per_window = (cfg.damon_aggr_us / cfg.damon_sample_us).max(1);
+    let unit_log2 = if cfg.thp { 9 } else { 0 };
+    let mut damon = (source == TrackingSource::DamonRegions).then(|| {
+        DamonModel::new(
+            &[(0, trace.pages)],
+            DamonAttrs {
+                samples_per_window: per_window,
+                min_nr_regions: cfg.damon_min_regions,
+                max_nr_regions: cfg.damon_max_regions,
+            },
+            unit_log2,
+            cfg.seed ^ 0xda30,
+        )
+    });
+    let mut last_sample = vec![
+        u64::MAX;
+        if damon.is_some() {
+            (trace.pages >> unit_log2) as usize + 1
+        } else {
+            0
+        }
+    ];
+    let mut windows: Vec<Reported> = Vec::new();
     let mut regions: Vec<Region> = Vec::new();
+    let mut reports: Vec<RegionAccess> = Vec::new();
+
     let mut observed: Vec<u16> = Vec::new();
     let mut future: Vec<u64> = Vec::new();
     let mut last_move = vec![0u64; n];
@@ -458,7 +424,7 @@ pub fn run_logged(
         granule_bytes,
         budget_granules: budget,
         max_moves,
-        store_bytes_per_page: 1.0 / granule_pages as f64,
+        store_bytes_per_page: store.bytes_per_4k_page(),
         ..RunResult::default()
     };
     let total = trace.accesses.len() as u64;
@@ -472,25 +438,32 @@ pub fn run_logged(
     let mut plan_ns_max: u128 = 0;
     let rows = cfg.heatmap_rows as usize;
     let mut now: u64 = 0;
+    let mut damon_sample: u64 = 0;
 
     for tick in 0..ticks {
         let lo = tick * cfg.tick_accesses;
         let hi = (lo + cfg.tick_accesses).min(total);
         let window = &trace.accesses[lo as usize..hi as usize];
+        // The engine's tick starts: heat cools, move ages advance.
+        store.tick();
+        windows.clear();
+        let mut last_window = 0usize;
         let mut hits = 0u64;
+        let tick_sample0 = damon_sample;
         for k in 0..scans {
             let a = window.len() * usize::from(k) / usize::from(scans);
             let b = window.len() * usize::from(k + 1) / usize::from(scans);
             let bit = 1u16 << k;
-            for &page in &window[a..b] {
+            for (j, &page) in window[a..b].iter().enumerate() {
                 let g = (page >> gshift) as usize;
                 if !allocated[g] {
                     allocated[g] = true;
                     if fast_used < budget {
-                        records[g] = records[g].placed_on(Tier::Fast);
+                        store.set_tier(Granule(g as u32), Tier::Fast);
                         fast_used += 1;
                     }
                 }
+                let records = store.records();
                 hits += u64::from(records[g].is_fast());
                 counts[g] += 1;
                 mask[g] |= bit;
@@ -502,6 +475,24 @@ pub fn run_logged(
                         next_sample = (p / 2 + rng.below(p + 1)).max(1);
                     }
                 }
+                if soft_dirty && trace.is_write(now as usize) {
+                    written[page as usize] = true;
+                }
+                if let Some(d) = damon.as_mut() {
+                    // This access falls in DAMON sample `s` of the tick; samples that ended
+                    // before it are checked first.
+                    let at = (a + j) as u64;
+                    let s = tick_sample0 + at * damon_samples / window.len().max(1) as u64;
+                    while damon_sample < s {
+                        let cur = damon_sample;
+                        let before = windows.len();
+                        if d.sample(|u| last_sample[u as usize] == cur, &mut windows) {
+                            last_window = before;
+                        }
+                        damon_sample += 1;
+                    }
+                    last_sample[d.unit_of(page) as usize] = s;
+                }
                 if hinting && unmapped_at[g] != u64::MAX {
                     let lat = (now - unmapped_at[g]) * 1000 / cfg.tick_accesses;
                     faults.push(HintFault {
@@ -512,10 +503,8 @@ pub fn run_logged(
                 }
                 now += 1;
             }
-            if let Some(d) = damon.as_mut() {
-                d.sample(&mask, bit, &mut rng);
-            }
             if hinting && n > 0 {
+                let records = store.records();
                 let mut budget_scan = scan_per_tick / u64::from(scans);
                 let mut visited = 0usize;
                 while budget_scan > 0 && visited < n {
@@ -529,6 +518,17 @@ pub fn run_logged(
                 }
             }
         }
+        if let Some(d) = damon.as_mut() {
+            // The tick's remaining samples (the last ones may see no access).
+            while damon_sample < tick_sample0 + damon_samples {
+                let cur = damon_sample;
+                let before = windows.len();
+                if d.sample(|u| last_sample[u as usize] == cur, &mut windows) {
+                    last_window = before;
+                }
+                damon_sample += 1;
+            }
+        }
         let acc = window.len() as u64;
         res.accesses += acc;
         res.hits += hits;
@@ -538,27 +538,81 @@ pub fn run_logged(
             hits as f32 / acc as f32
         });
 
-        // Heat update from the source's observations, with the daemon's heat rule.
-        if let Some(d) = damon.as_mut() {
-            d.aggregate(scans, &mut rng, &mut regions);
-            for r in &regions {
-                let c = HeatRecord::heat_gain(u32::from(r.nr_accesses), u32::from(scans));
-                let (a, b) = (r.start.index(), r.start.index() + r.len as usize);
-                for rec in &mut records[a..b] {
-                    *rec = rec.cooled().observed(c);
+        // What the source saw goes into the store, as vmtierd's source reports it.
+        reports.clear();
+        let hva = |page: u64| HostVirtAddr::new(SIM_BASE + page * page_bytes);
+        match source {
+            TrackingSource::DamonRegions => {
+                let recs: Vec<WindowRegion> = windows
+                    .iter()
+                    .map(|w| WindowRegion {
+                        start: SIM_BASE + u64::from(w.start) * page_bytes,
+                        end: SIM_BASE + u64::from(w.end) * page_bytes,
+                        nr_accesses: w.nr_accesses,
+                    })
+                    .collect();
+                reports.extend(accumulate(&recs, per_window).iter().map(|sg| RegionAccess {
+                    start: HostVirtAddr::new(sg.start),
+                    len: sg.end - sg.start,
+                    hits: sg.hits,
+                    samples: sg.samples,
+                }));
+                // Region-based policies see the tick's last window, in granules.
+                let last = &windows[last_window.min(windows.len())..];
+                regions.clear();
+                regions.extend(last.iter().map(|w| {
+                    let g0 = w.start >> gshift;
+                    let g1 = (w.end - 1) >> gshift;
+                    Region {
+                        start: Granule(g0),
+                        len: g1 - g0 + 1,
+                        nr_accesses: u16::try_from(w.nr_accesses).unwrap_or(u16::MAX),
+                        age: u16::try_from(w.age).unwrap_or(u16::MAX),
+                    }
+                }));
+            }
+            TrackingSource::SoftDirty => {
+                let mut p = 0usize;
+                while p < written.len() {
+                    if !written[p] {
+                        p += 1;
+                        continue;
+                    }
+                    let q = written[p..]
+                        .iter()
+                        .position(|w| !w)
+                        .map_or(written.len(), |k| p + k);
+                    reports.push(RegionAccess {
+                        start: hva(p as u64),
+                        len: (q - p) as u64 * page_bytes,
+                        hits: 1,
+                        samples: 1,
+                    });
+                    p = q;
+                }
+                written.fill(false);
+            }
+            TrackingSource::None => {}
+            _ => {
+                for g in 0..n {
+                    let (h, of) = if sampling {
+                        // A sampled access is certain; as many samples as hits.
+                        (u32::from(samples[g]), u32::from(samples[g]))
+                    } else {
+                        (mask[g].count_ones(), u32::from(scans))
+                    };
+                    if h > 0 {
+                        reports.push(RegionAccess {
+                            start: hva(g as u64 * granule_pages),
+                            len: granule_bytes,
+                            hits: h,
+                            samples: of,
+                        });
+                    }
                 }
             }
-        } else if source != TrackingSource::None {
-            for g in 0..n {
-                let c = if sampling {
-                    // A sampled access is certain: 4 per sample, as many as 4 hits give.
-                    u8::try_from((u32::from(samples[g]) * 4).min(16)).unwrap_or(16)
-                } else {
-                    HeatRecord::heat_gain(mask[g].count_ones(), u32::from(scans))
-                };
-                records[g] = records[g].cooled().observed(c);
-            }
         }
+        store.observe(&reports);
         let obs: &[u16] = match source {
             TrackingSource::AbitScan => {
                 observed.clear();
@@ -568,19 +622,25 @@ pub fn run_logged(
             TrackingSource::Sampling => &samples,
             _ => &[],
         };
+        let max_observed = if source == TrackingSource::DamonRegions {
+            u16::try_from(per_window).unwrap_or(u16::MAX)
+        } else {
+            scans
+        };
 
         // Plan.
+        let records = store.records();
         let t0 = Instant::now();
         let plan = match planner {
             Planner::Policy(p) => {
                 let input = PolicyInput {
                     tick,
                     granule_bytes,
-                    records: &records,
+                    records,
                     fast_budget: budget,
                     max_moves,
                     observed: obs,
-                    max_observed: scans,
+                    max_observed,
                     hint_faults: &faults,
                     regions: &regions,
                     hints: &[],
@@ -598,7 +658,7 @@ pub fn run_logged(
                         future[(p >> gshift) as usize] += inc;
                     }
                 }
-                crate::oracle::plan(&records, &future, budget, max_moves)
+                crate::oracle::plan(records, &future, budget, max_moves)
             }
         };
         let dt = t0.elapsed().as_nanos();
@@ -609,7 +669,7 @@ pub fn run_logged(
         // Apply as the engine does: the one enforcement rule, moves that always succeed.
         let mut moved = 0u64;
         let stamp_now = tick + 1;
-        let e = plan.enforce(&records, budget, max_moves);
+        let e = plan.enforce(records, budget, max_moves);
         res.plan_violations += e.invalid + e.deferred;
         let moves = e
             .demote
@@ -623,7 +683,7 @@ pub fn run_logged(
             }
             last_move[i] = stamp_now;
             allocated[i] = true;
-            records[i] = records[i].moved_to(to);
+            store.mark_moved(g, to);
             if to == Tier::Fast {
                 fast_used += 1;
             } else {
@@ -634,6 +694,7 @@ pub fn run_logged(
         res.moves += moved;
 
         if rows > 0 {
+            let records = store.records();
             let mut col = vec![(0u64, 0u64, 0u64); rows];
             for g in 0..n {
                 let row = g * rows / n.max(1);
@@ -651,9 +712,6 @@ pub fn run_logged(
                     })
                     .collect(),
             );
-        }
-        for r in &mut records {
-            *r = r.aged();
         }
         mask.fill(0);
         counts.fill(0);
@@ -686,6 +744,24 @@ pub fn run_logged(
     res.est_slowdown = cost / base.max(1.0);
     res.replay_accesses_per_s = res.accesses as f64 / started.elapsed().as_secs_f64().max(1e-9);
     Ok(res)
+}
+
+/// Where the simulated guest RAM sits in the simulated VMM: one range, huge-page aligned.
+const SIM_BASE: u64 = 0x7f00_0000_0000;
+
+/// The layout of a simulated guest with `pages` 4 KiB pages.
+fn sim_layout(pages: u32) -> GuestMemoryLayout {
+    GuestMemoryLayout::new(
+        ProcessId::new(1),
+        vec![GuestRamRange {
+            name: "ram".into(),
+            gpa: GuestPhysAddr(0),
+            hva: HostVirtAddr::new(SIM_BASE),
+            len: u64::from(pages.max(1)) * PageSize::Base.bytes(),
+            backing: Backing::PrivateAnon,
+        }],
+    )
+    .expect("one page-aligned range")
 }
 
 /// Mean ticks from each hot-set shift until the policy's per-tick hit ratio reaches 90 % of

@@ -189,6 +189,8 @@ pub enum TrackingSource {
     Sampling,
     /// NUMA-balancing hint faults on slow-tier granules ([`PolicyInput::hint_faults`]).
     HintFaults,
+    /// Write tracking (soft-dirty): written or not, once per tick; heat only.
+    SoftDirty,
     /// Nothing: the policy never migrates.
     None,
 }
