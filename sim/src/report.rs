@@ -428,14 +428,19 @@ mod tests {
         let (rep, runs) = run_trace("mh", &t, &cfg)?;
         assert_eq!(
             rep.results.len(),
-            vmtier_policies::registry::REGISTRY.len() + 1
+            vmtier_policies::registry::REGISTRY.len() + 1 + SHIPPED.len()
         );
         assert_eq!(rep.results[0].policy, "oracle");
+        assert_eq!(
+            (rep.results[1].policy.as_str(), rep.results[1].source.as_str()),
+            ("vmtierd", "damon")
+        );
+        assert_eq!(rep.results[2].source, "soft-dirty");
         assert!((rep.results[0].oracle_ratio - 1.0).abs() < 1e-9);
         assert!(rep.results.iter().all(|r| r.oracle_ratio <= 1.0 + 1e-9));
         assert!(rep.results.iter().all(|r| r.reaction_ticks.is_some()));
         let tab = table(&rep);
-        assert!(tab.contains("default") && tab.contains("of oracle"));
+        assert!(tab.contains("vmtierd") && tab.contains("of oracle"));
         let svg = hit_svg("mh", &runs);
         assert!(svg.starts_with("<svg") && svg.contains("polyline") && svg.ends_with("</svg>\n"));
         let hm = heatmap_svg("mh", &[&runs[0], &runs[1]]);
