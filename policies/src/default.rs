@@ -30,7 +30,9 @@ use crate::select::{self, Rules, BUCKETS};
 pub struct Config {
     /// Slow granules colder than this heat (0..=31) are never promoted.
     pub promote_min_heat: u8,
-    /// A slow granule displaces a fast one only if hotter by at least this much.
+    /// A slow granule displaces a fast one only if hotter by at least this much (for a
+    /// source whose tick can give the full gain of 16; scaled to weaker ones, so soft-dirty's
+    /// 3 per tick gets a margin of 2: [`PolicyInput::scaled_heat`]).
     pub swap_margin: u8,
     /// ... and only if at least this hot (0..=31; default 0, off). Above 16 — more than one
     /// hot observation window can give — only a granule seen hot in consecutive ticks
@@ -122,10 +124,12 @@ impl PlacementPolicy for DefaultPolicy {
     }
 
     fn plan(&mut self, input: &PolicyInput<'_>) -> Plan {
+        // Margins are for a full-range source; a weaker one (soft-dirty: 3 per tick) gets
+        // them scaled to its range, or its granules could never displace anything.
         let rules = Rules {
             min_promote: self.cfg.promote_min_heat,
-            margin: self.cfg.swap_margin,
-            swap_min: self.cfg.swap_min_heat,
+            margin: input.scaled_heat(self.cfg.swap_margin),
+            swap_min: input.scaled_heat(self.cfg.swap_min_heat),
             demote_below: BUCKETS as u8,
             demote_cold_always: false,
             min_move_age: self.cfg.min_move_age,

@@ -432,7 +432,10 @@ mod tests {
         );
         assert_eq!(rep.results[0].policy, "oracle");
         assert_eq!(
-            (rep.results[1].policy.as_str(), rep.results[1].source.as_str()),
+            (
+                rep.results[1].policy.as_str(),
+                rep.results[1].source.as_str()
+            ),
             ("vmtierd", "damon")
         );
         assert_eq!(rep.results[2].source, "soft-dirty");

@@ -30,7 +30,8 @@ use std::time::Instant;
 
 use serde::{Deserialize, Serialize};
 use vmtier_core::policy::{
-    Granule, HintFault, PlacementPolicy, Plan, PolicyInput, Region, Tier, TrackingSource,
+    Granule, HeatRecord, HintFault, PlacementPolicy, Plan, PolicyInput, Region, Tier,
+    TrackingSource,
 };
 use vmtier_core::{
     Backing, GranuleSize, GuestMemoryLayout, GuestPhysAddr, GuestRamRange, HostVirtAddr, PageSize,
@@ -627,6 +628,18 @@ pub fn run_logged(
         } else {
             scans
         };
+        // The most one tick can give, as vmtierd tells its policy.
+        let max_gain = match source {
+            TrackingSource::DamonRegions => {
+                let n = u32::try_from(damon_samples).unwrap_or(u32::MAX);
+                HeatRecord::heat_gain(n, n)
+            }
+            TrackingSource::SoftDirty => HeatRecord::heat_gain(1, 1),
+            TrackingSource::AbitScan | TrackingSource::HintFaults => {
+                HeatRecord::heat_gain(u32::from(scans), u32::from(scans))
+            }
+            _ => HeatRecord::HEAT_GAIN,
+        };
 
         // Plan.
         let records = store.records();
@@ -644,6 +657,7 @@ pub fn run_logged(
                     hint_faults: &faults,
                     regions: &regions,
                     hints: &[],
+                    max_gain,
                 };
                 p.plan(&input)
             }

@@ -83,6 +83,7 @@ fn plans_respect_budget_moves_and_tiers() {
                     hint_faults: &c.faults,
                     regions: &c.regions,
                     hints: &[],
+                    max_gain: 16,
                 };
                 let plan = p.plan(&input);
                 let ctx = format!("{} seed {seed} tick {tick}", e.name);

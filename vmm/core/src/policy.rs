@@ -262,6 +262,10 @@ pub struct PolicyInput<'a> {
     pub regions: &'a [Region],
     /// Guest hints received this tick.
     pub hints: &'a [GuestHint],
+    /// The largest heat gain the source can give in one tick
+    /// ([`HeatRecord::heat_gain`] of all samples hit): 16 for DAMON and A-bit scans, 3 for
+    /// soft-dirty's one sample per tick. Heat margins are in units of it.
+    pub max_gain: u8,
 }
 
 impl<'a> PolicyInput<'a> {
@@ -284,7 +288,17 @@ impl<'a> PolicyInput<'a> {
             hint_faults: &[],
             regions: &[],
             hints: &[],
+            max_gain: HeatRecord::HEAT_GAIN,
         }
+    }
+
+    /// `heat`, a heat difference meant for a source of full range (gain 16 per tick), in
+    /// units of this input's source ([`Self::max_gain`]), rounded up; at least 1 if `heat`
+    /// is.
+    pub fn scaled_heat(&self, heat: u8) -> u8 {
+        let g = u16::from(self.max_gain.clamp(1, HeatRecord::HEAT_GAIN));
+        let s = (u16::from(heat) * g).div_ceil(u16::from(HeatRecord::HEAT_GAIN));
+        u8::try_from(s).unwrap_or(u8::MAX).max(u8::from(heat > 0))
     }
 
     /// Granules currently in the fast tier.
@@ -662,6 +676,24 @@ mod tests {
                 want,
                 "{name}"
             );
+        }
+    }
+
+    #[test]
+    fn heat_margins_scale_with_the_source() {
+        let r = [HeatRecord::default()];
+        let mut input = PolicyInput::from_records(0, 4096, &r, 1, 1);
+        // (max gain, heat) -> scaled
+        for (g, h, want) in [
+            (16, 8, 8),
+            (3, 8, 2),
+            (3, 0, 0),
+            (3, 1, 1),
+            (0, 8, 1),
+            (8, 17, 9),
+        ] {
+            input.max_gain = g;
+            assert_eq!(input.scaled_heat(h), want, "gain {g} heat {h}");
         }
     }
 

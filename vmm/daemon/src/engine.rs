@@ -41,7 +41,7 @@ use vmtier_core::migrate::{
     Error as MigrateError, MigrationReport, Migrator, PageLocation, PageLocator, PageOutcome,
     PageRef,
 };
-use vmtier_core::policy::{Granule, PlacementPolicy, PolicyInput, Tier};
+use vmtier_core::policy::{Granule, HeatRecord, PlacementPolicy, PolicyInput, Tier};
 use vmtier_core::{
     error_chain as err_chain, ByteSize, GranuleSize, GuestMemoryLayout, HostVirtAddr, NodeId,
     PageSize, RegionAccess, VmId,
@@ -676,7 +676,14 @@ fn tick_vm(
 
     let g = cfg.granule.bytes();
     let budget = vm.budget_bytes / g;
-    let input = PolicyInput::from_records(vm.tick, g, vm.store.records(), budget, moves_left);
+    let mut input = PolicyInput::from_records(vm.tick, g, vm.store.records(), budget, moves_left);
+    // The source's range this tick (soft-dirty: one sample, gain ≤ 3), for heat margins.
+    input.max_gain = vm
+        .reports
+        .iter()
+        .map(|r| HeatRecord::heat_gain(r.samples, r.samples))
+        .max()
+        .unwrap_or(HeatRecord::HEAT_GAIN);
     let fast_used = input.fast_used();
     let plan = vm.parts.policy.plan(&input);
     if log::log_enabled!(log::Level::Debug) && !plan.is_empty() {
@@ -1593,6 +1600,34 @@ mod tests {
                 hot_in_dram(&w, 64 * MIB, 32 * MIB) >> 20
             );
         }
+    }
+
+    #[test]
+    fn a_one_sample_source_moves_a_hot_set_too() {
+        // Soft-dirty style: written or not, one sample per tick (gain ≤ 3). The hot set
+        // moves after DRAM is full; its new place must displace the old one.
+        let len = 128 * MIB;
+        let w = world(len);
+        let sig: Signal = Box::new(move |tick, _| {
+            let off = if tick <= 8 { 0 } else { 64 * MIB };
+            vec![(0, len, 0, 1), (off, 16 * MIB, 1, 1)]
+        });
+        let mut e = engine(&w, 1000);
+        e.attach(
+            "g".parse().unwrap(),
+            ByteSize(16 * MIB),
+            signal_parts(&w, len, sig),
+        )
+        .unwrap();
+        for _ in 0..8 {
+            e.tick();
+        }
+        assert_eq!(hot_in_dram(&w, 0, 16 * MIB), 16 * MIB);
+        for _ in 0..16 {
+            e.tick();
+            assert!(dram_bytes(&w) <= 16 * MIB);
+        }
+        assert_eq!(hot_in_dram(&w, 64 * MIB, 16 * MIB), 16 * MIB);
     }
 
     #[test]
