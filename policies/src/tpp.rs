@@ -1,8 +1,13 @@
 //! TPP (Maruf et al., ASPLOS'23), rebuilt from its published description
 //! (shared/guide/anchors.md): hint faults on slow-tier pages, but a page is promoted only if it
-//! is *active* — here, faulted in an earlier tick too, so one stray touch does not promote it;
-//! and the top tier's demotion watermark is decoupled from the allocation watermark, so
-//! reclaim keeps a free headroom proactively and promotions never wait for it.
+//! is *active*. A hint fault on an inactive page only marks it accessed (activates it), so a
+//! page needs two faults — two accesses a scan apart — before it moves, and one stray touch
+//! does not promote it. A page stays active until it is promoted: a promotion refused by the
+//! rate limit or left out for want of moves or room is retried at the next fault, without a
+//! new activation. The top tier's demotion watermark is decoupled from the allocation
+//! watermark, so reclaim keeps a free headroom proactively (with moves promotions leave
+//! over), and demotes exactly what this tick's promotions need beyond it
+//! ([`crate::numab::make_room`]).
 
 use serde::{Deserialize, Serialize};
 use vmtier_core::policy::{PlacementPolicy, Plan, PolicyInput, TrackingSource};
@@ -68,55 +73,88 @@ impl PlacementPolicy for Tpp {
         }
         let limit = rate_limit_granules(input, self.cfg.promote_rate_limit_mb_s, self.cfg.tick_ms);
         let mut promote = Vec::new();
-        let mut faults = input.hint_faults.to_vec();
-        faults.sort_by_key(|f| f.granule);
-        faults.dedup_by_key(|f| f.granule);
-        for f in &faults {
+        let mut taken = std::collections::HashSet::new();
+        for f in input.hint_faults {
             let i = f.granule.index();
-            let Some(r) = input.records.get(i) else {
-                continue;
-            };
-            if r.is_fast() {
+            if !input.records.get(i).is_some_and(|r| !r.is_fast()) {
                 continue;
             }
             let (w, bit) = (i / 64, 1u64 << (i % 64));
-            if self.active[w] & bit != 0 {
-                self.active[w] &= !bit;
-                if (promote.len() as u64) < limit {
-                    promote.push(f.granule);
-                }
-            } else {
+            if self.active[w] & bit == 0 {
                 self.active[w] |= bit;
+            } else if (promote.len() as u64) < limit && taken.insert(f.granule) {
+                promote.push(f.granule);
             }
         }
         let headroom = input.fast_budget * u64::from(self.cfg.demote_watermark_permille) / 1000;
-        make_room(input, promote, headroom)
+        let plan = make_room(input, promote, headroom);
+        // Only a page that really moves leaves the slow tier's active list.
+        for g in &plan.promote {
+            let i = g.index();
+            self.active[i / 64] &= !(1u64 << (i % 64));
+        }
+        plan
     }
 }
 
 #[cfg(test)]
+#[allow(clippy::type_complexity)] // test tables
 mod tests {
     use super::*;
     use vmtier_core::policy::{Granule, HeatRecord, HintFault, Tier};
 
     #[test]
-    fn promotes_on_second_fault_only() {
-        let r = vec![
-            HeatRecord::new(0, Tier::Slow, 3),
-            HeatRecord::new(0, Tier::Fast, 3),
+    fn promotes_on_the_second_fault_and_a_dropped_promotion_stays_active() {
+        // Granules 0..3 slow, 3 fast; 1 MiB granules at 1 MB/s: one promotion per tick.
+        let mut r = vec![HeatRecord::default(); 4];
+        r[3] = HeatRecord::new(0, Tier::Fast, 3);
+        let mut p = Tpp::new(Config {
+            promote_rate_limit_mb_s: 1,
+            demote_watermark_permille: 0,
+            ..Config::default()
+        });
+        // (step, faulting granules, budget, moves, promoted)
+        let steps: Vec<(&str, Vec<u32>, u64, u64, Vec<u32>)> = vec![
+            ("first fault activates only", vec![0], 1, 10, vec![]),
+            ("active, but a swap needs two moves", vec![0], 1, 1, vec![]),
+            (
+                "still active: promoted at the next fault",
+                vec![0],
+                1,
+                10,
+                vec![0],
+            ),
+            ("two first faults", vec![1, 2], 3, 10, vec![]),
+            ("rate limit: one of two", vec![1, 2], 3, 10, vec![1]),
+            ("the refused one is still active", vec![2], 3, 10, vec![2]),
         ];
-        let faults = [HintFault {
-            granule: Granule(0),
-            latency_millitick: 1,
-        }];
-        let mut p = Tpp::new(Config::default());
-        let mut input = PolicyInput::from_records(0, 4096, &r, 10, 10);
-        input.hint_faults = &faults;
-        let cases = [vec![], vec![0], vec![]];
-        for want in cases {
+        for (tick, (step, faulting, budget, moves, want)) in steps.into_iter().enumerate() {
+            let faults: Vec<_> = faulting
+                .iter()
+                .map(|&g| HintFault {
+                    granule: Granule(g),
+                    latency_millitick: 1,
+                })
+                .collect();
+            let mut input = PolicyInput::from_records(tick as u64, 1 << 20, &r, budget, moves);
+            input.hint_faults = &faults;
             let plan = p.plan(&input);
-            assert_eq!(plan.promote.iter().map(|g| g.0).collect::<Vec<_>>(), want);
+            let e = plan.enforce(&r, budget, moves);
+            assert_eq!(e.deferred + e.invalid, 0, "{step}");
+            assert_eq!(
+                e.promote.iter().map(|g| g.0).collect::<Vec<_>>(),
+                want,
+                "{step}"
+            );
+            for g in &e.demote {
+                r[g.index()] = r[g.index()].moved_to(Tier::Slow);
+            }
+            for g in &e.promote {
+                r[g.index()] = r[g.index()].moved_to(Tier::Fast);
+            }
         }
+        // Granule 3 was demoted for granule 0; its bit was never set.
+        assert_eq!(p.active[0], 0);
         assert_eq!(p.state_bytes(), 8);
     }
 }

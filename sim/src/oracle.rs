@@ -1,10 +1,16 @@
 //! The offline oracle: knowing the future, it places for the next window the granules that
 //! window will access most, under the same budget and the same per-tick move limit as every
 //! other policy. Ties are broken by accesses in the windows after (the simulator passes a
-//! score `next_window_count << 32 | later_count`). Per window it is optimal: it fills free
-//! room with the most-accessed slow granules, then swaps while the incoming granule will be
-//! accessed more than the outgoing one. It is not a [`vmtier_core::policy::PlacementPolicy`]
-//! because no online policy can see the future.
+//! score `next_window_count << 32 | later_count`, `oracle_lookahead` windows in all).
+//!
+//! It is **greedy, with one interval of lookahead**: each tick it fills free room with the
+//! slow granules the next window accesses most, then swaps while the incoming granule will be
+//! accessed more in the next window than the outgoing one. That is the best placement for the
+//! next window alone under the move limit, but not over a trace: it never spends a tick's
+//! spare moves on a window further ahead, nor keeps a granule that the next window skips and
+//! the one after needs, so an online policy can beat it on some traces. It is a reference
+//! point ("greedy oracle"), not an upper bound. It is not a
+//! [`vmtier_core::policy::PlacementPolicy`] because no online policy can see the future.
 
 use vmtier_core::policy::{Granule, HeatRecord, Plan};
 

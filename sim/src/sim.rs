@@ -13,8 +13,10 @@
 //! - A-bit scans: per granule, one bit per sub-interval (`abit_scans_per_tick`) in which it
 //!   was touched (EPT/NPT accessed bits cleared at every scan).
 //! - IBS/PEBS-like sampling: one access in `sample_period` (jittered) is sampled.
-//! - NUMA hint faults: a scanner walks the populated slow-tier granules at
-//!   `hint_scan_mb_per_tick` and unmaps them; the next access faults, with its latency.
+//! - NUMA hint faults: a `task_numa_work`-like scanner walks the address space, 256 MB per
+//!   call (`hint_scan_mb_per_tick`), one call per 256 MB populated per tick, unmapping
+//!   populated slow granules not already unmapped; the next access faults with the time
+//!   since then (`HintScanner`).
 //!
 //! Every source's observations go into vmtierd's own hotness store
 //! (`vmtier_sources::store::HotnessStore`, the one heat rule `HeatRecord::heat_gain`), its
@@ -322,6 +324,107 @@ pub struct RunResult {
     pub heatmap: Vec<Vec<(f32, f32)>>,
 }
 
+/// The NUMA-balancing PTE scanner in tiering mode (Linux 6.12 `task_numa_work` and
+/// `change_pte_range` with `numa_balancing=2`) over one VMA holding every granule, with the
+/// hint faults it causes:
+///
+/// - each call walks the address space from where the previous one stopped, in chunks of
+///   `hint_scan_mb_per_tick` (`numa_balancing_scan_size_mb`) of *address space*: fast-tier
+///   granules, unpopulated ones and ones already inaccessible are walked over and counted, but
+///   not made inaccessible. A chunk that made at least one granule inaccessible ends the
+///   call; one that made none only counts against an eight-chunk limit, so such areas are
+///   crossed faster. The end of the address space ends the call; the next starts over;
+/// - a granule already inaccessible keeps the time it was made so (no timer reset), so a
+///   fault's latency is the time since the scan that really unmapped it;
+/// - a tick stands for the minimum scan period (1 s); the calls per tick are fixed at the first
+///   call from the populated size (`task_scan_start`: one call per 256 MB, at most
+///   2560 MB/s), spread over the tick's sub-intervals. The first call comes at the end of the
+///   first tick (the kernel's 1 s scan delay).
+struct HintScanner {
+    /// When each granule was made inaccessible (accesses replayed), `u64::MAX` if accessible.
+    unmapped_at: Vec<u64>,
+    /// Where the next call starts (`numa_scan_offset`).
+    cursor: usize,
+    /// Granules of address space per call (0 = the scanner is off).
+    size: usize,
+    /// Most calls per tick (`MAX_SCAN_WINDOW` / scan size).
+    max_calls: u64,
+    /// Calls per tick, fixed at the first call.
+    calls: Option<u64>,
+}
+
+impl HintScanner {
+    fn new(n: usize, scan_mb: u64, granule_bytes: u64) -> Self {
+        const MAX_SCAN_WINDOW_MB: u64 = 2560;
+        Self {
+            unmapped_at: vec![u64::MAX; n],
+            cursor: 0,
+            size: usize::try_from((scan_mb << 20) / granule_bytes.max(1)).unwrap_or(usize::MAX),
+            max_calls: (MAX_SCAN_WINDOW_MB / scan_mb.max(1)).max(1),
+            calls: None,
+        }
+    }
+
+    /// An access to granule `g`: a hint fault if the scanner made it inaccessible. A granule
+    /// that migrated to the fast tier meanwhile was remapped accessible by the migration.
+    fn access(&mut self, g: usize, fast: bool, now: u64, tick_accesses: u64) -> Option<HintFault> {
+        let at = std::mem::replace(&mut self.unmapped_at[g], u64::MAX);
+        if at == u64::MAX || fast {
+            return None;
+        }
+        let lat = (now - at) * 1000 / tick_accesses;
+        Some(HintFault {
+            granule: Granule(g as u32),
+            latency_millitick: u32::try_from(lat).unwrap_or(u32::MAX),
+        })
+    }
+
+    /// The calls due at the end of sub-interval `k` of `scans`.
+    fn scan(&mut self, k: u16, scans: u16, allocated: &[bool], records: &[HeatRecord], now: u64) {
+        if self.size == 0 || self.unmapped_at.is_empty() {
+            return;
+        }
+        if self.calls.is_none() && k + 1 < scans {
+            return; // the scan delay: nothing before the end of the first tick
+        }
+        let calls = *self.calls.get_or_insert_with(|| {
+            let populated = allocated.iter().filter(|&&a| a).count();
+            (populated.div_ceil(self.size).max(1) as u64).min(self.max_calls)
+        });
+        for _ in 0..calls_due(k, scans, calls) {
+            self.call(allocated, records, now);
+        }
+    }
+
+    /// One `task_numa_work` call.
+    fn call(&mut self, allocated: &[bool], records: &[HeatRecord], now: u64) {
+        let n = self.unmapped_at.len();
+        let mut virt = self.size.saturating_mul(8);
+        loop {
+            let (start, end) = (self.cursor, self.cursor.saturating_add(self.size).min(n));
+            let mut updated = false;
+            for g in start..end {
+                if allocated[g] && !records[g].is_fast() && self.unmapped_at[g] == u64::MAX {
+                    self.unmapped_at[g] = now;
+                    updated = true;
+                }
+            }
+            self.cursor = if end == n { 0 } else { end };
+            if updated || end == n || virt <= end - start {
+                return;
+            }
+            virt -= end - start;
+        }
+    }
+}
+
+/// How many of a tick's `calls` fall at the end of sub-interval `k` of `scans` (evenly spread,
+/// the last sub-interval always has one).
+fn calls_due(k: u16, scans: u16, calls: u64) -> u64 {
+    let (k, scans) = (u64::from(k), u64::from(scans.max(1)));
+    (k + 1) * calls / scans - k * calls / scans
+}
+
 /// Runs `planner` over `trace` with `cfg`.
 pub fn run(trace: &Trace, planner: &mut Planner, cfg: &Config) -> Result<RunResult, Error> {
     run_logged(trace, planner, cfg, &mut |_, _| {})
@@ -379,10 +482,8 @@ pub fn run_logged(
     let soft_dirty = source == TrackingSource::SoftDirty;
     let mut samples = vec![0u16; if sampling { n } else { 0 }];
     let mut written = vec![false; if soft_dirty { trace.pages as usize } else { 0 }];
-    let mut unmapped_at = vec![u64::MAX; if hinting { n } else { 0 }];
+    let mut hint = hinting.then(|| HintScanner::new(n, cfg.hint_scan_mb_per_tick, granule_bytes));
     let mut faults: Vec<HintFault> = Vec::new();
-    let mut scan_cursor = 0usize;
-    let scan_per_tick = (cfg.hint_scan_mb_per_tick << 20) / granule_bytes;
 
     // DAMON: samples per tick and per window; the sample in which each accessed-bit unit was
     // last touched.
@@ -494,29 +595,14 @@ pub fn run_logged(
                     }
                     last_sample[d.unit_of(page) as usize] = s;
                 }
-                if hinting && unmapped_at[g] != u64::MAX {
-                    let lat = (now - unmapped_at[g]) * 1000 / cfg.tick_accesses;
-                    faults.push(HintFault {
-                        granule: Granule(g as u32),
-                        latency_millitick: u32::try_from(lat).unwrap_or(u32::MAX),
-                    });
-                    unmapped_at[g] = u64::MAX;
+                if let Some(h) = hint.as_mut() {
+                    let fast = store.records()[g].is_fast();
+                    faults.extend(h.access(g, fast, now, cfg.tick_accesses));
                 }
                 now += 1;
             }
-            if hinting && n > 0 {
-                let records = store.records();
-                let mut budget_scan = scan_per_tick / u64::from(scans);
-                let mut visited = 0usize;
-                while budget_scan > 0 && visited < n {
-                    let g = scan_cursor;
-                    scan_cursor = (scan_cursor + 1) % n;
-                    visited += 1;
-                    if allocated[g] && !records[g].is_fast() {
-                        unmapped_at[g] = now;
-                        budget_scan -= 1;
-                    }
-                }
+            if let Some(h) = hint.as_mut() {
+                h.scan(k, scans, &allocated, store.records(), now);
             }
         }
         if let Some(d) = damon.as_mut() {
@@ -895,5 +981,138 @@ mod tests {
         for (p, o, m, want) in cases {
             assert_eq!(reaction_ticks(&p, &o, &m), want);
         }
+    }
+
+    #[test]
+    fn hint_scanner_walks_address_space_and_keeps_stamps() {
+        const A: u64 = u64::MAX;
+        // (case, tiers ('f' fast, 's' slow, '.' unpopulated), stamps before (A = accessible),
+        //  cursor before, now, stamps after, cursor after); one call of 4-granule chunks.
+        let cases: Vec<(&str, &str, Vec<u64>, usize, u64, Vec<u64>, usize)> = vec![
+            (
+                "slow granules are unmapped, one chunk per call",
+                "ssssssssss",
+                vec![A; 10],
+                0,
+                7,
+                [vec![7; 4], vec![A; 6]].concat(),
+                4,
+            ),
+            (
+                "fast and unpopulated granules are walked over, not unmapped",
+                "ff..ff.sss",
+                vec![A; 10],
+                0,
+                7,
+                [vec![A; 7], vec![7], vec![A; 2]].concat(),
+                8,
+            ),
+            (
+                "already unmapped granules keep their time and do not end the call",
+                "ssssssssss",
+                [vec![3; 4], vec![A; 6]].concat(),
+                0,
+                7,
+                [vec![3; 4], vec![7; 4], vec![A; 2]].concat(),
+                8,
+            ),
+            (
+                "the end of the address space ends the call, the next starts over",
+                "ssssssssss",
+                vec![A; 10],
+                8,
+                7,
+                [vec![A; 8], vec![7; 2]].concat(),
+                0,
+            ),
+        ];
+        for (name, tiers, before, cursor, now, after, cursor_after) in cases {
+            let allocated: Vec<bool> = tiers.chars().map(|c| c != '.').collect();
+            let records: Vec<HeatRecord> = tiers
+                .chars()
+                .map(|c| {
+                    let t = if c == 'f' { Tier::Fast } else { Tier::Slow };
+                    HeatRecord::default().placed_on(t)
+                })
+                .collect();
+            let mut h = HintScanner {
+                unmapped_at: before,
+                cursor,
+                size: 4,
+                max_calls: 10,
+                calls: None,
+            };
+            h.call(&allocated, &records, now);
+            assert_eq!((h.unmapped_at, h.cursor), (after, cursor_after), "{name}");
+        }
+        // Eight chunks without anything to unmap end a call.
+        let mut h = HintScanner::new(100, 1, 1 << 18);
+        assert_eq!(h.size, 4);
+        h.call(&[false; 100], &[HeatRecord::default(); 100], 1);
+        assert_eq!(h.cursor, 32);
+        // Calls per tick spread over the sub-intervals; the last always has one.
+        let due = |calls| (0..8).map(|k| calls_due(k, 8, calls)).collect::<Vec<_>>();
+        assert_eq!(due(1), vec![0, 0, 0, 0, 0, 0, 0, 1]);
+        assert_eq!(due(4), vec![0, 1, 0, 1, 0, 1, 0, 1]);
+        assert_eq!(due(10), vec![1, 1, 1, 2, 1, 1, 1, 2]);
+        // A fault: latency in thousandths of a tick; none if accessible or now fast.
+        h.unmapped_at[3] = 10;
+        h.unmapped_at[4] = 10;
+        let f = h.access(3, false, 260, 100).map(|f| f.latency_millitick);
+        assert_eq!(f, Some(2500));
+        assert_eq!(h.access(3, false, 300, 100), None);
+        assert_eq!(h.access(4, true, 300, 100), None);
+        assert_eq!(h.unmapped_at[4], u64::MAX);
+    }
+
+    /// Records the hint faults it is given (tick, granule, latency); never moves anything.
+    struct FaultLog(std::sync::Arc<std::sync::Mutex<Vec<(u64, u32, u32)>>>);
+
+    impl PlacementPolicy for FaultLog {
+        fn name(&self) -> &'static str {
+            "fault-log"
+        }
+
+        fn source(&self) -> TrackingSource {
+            TrackingSource::HintFaults
+        }
+
+        fn plan(&mut self, input: &PolicyInput<'_>) -> Plan {
+            let mut log = self.0.lock().expect("log");
+            for f in input.hint_faults {
+                log.push((input.tick, f.granule.0, f.latency_millitick));
+            }
+            Plan::default()
+        }
+    }
+
+    #[test]
+    fn a_hint_fault_latency_counts_from_the_scan_that_unmapped_the_page() -> Result<(), Error> {
+        // Four slow pages, ticks of 80 accesses. Page 0 is touched all the time, page 1 only
+        // in ticks 0 and 3, page 2 in ticks 0 and 1. The scanner first runs at the end of
+        // tick 0, then at the end of every tick.
+        let mut t = Trace::new(12, 4);
+        for pages in [&[0, 1, 2, 3][..], &[0, 2], &[0], &[0, 1]] {
+            for i in 0..80 {
+                t.push(pages[i % pages.len()], false);
+            }
+        }
+        let c = Config {
+            tick_accesses: 80,
+            initial: Initial::Slow,
+            heatmap_rows: 0,
+            ..Config::default()
+        };
+        let log = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+        run(
+            &t,
+            &mut Planner::Policy(Box::new(FaultLog(log.clone()))),
+            &c,
+        )?;
+        // (tick, granule, latency in thousandths of a tick): page 1, unmapped at the end of
+        // tick 0 and left alone since, faults in tick 3 two ticks late (no timer reset).
+        let want = vec![(1, 0, 0), (1, 2, 12), (2, 0, 0), (3, 0, 0), (3, 1, 2012)];
+        assert_eq!(*log.lock().expect("log"), want);
+        Ok(())
     }
 }

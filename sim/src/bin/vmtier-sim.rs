@@ -361,7 +361,7 @@ fn cmd_report(args: &[String]) -> Result<(), Error> {
         .filter(|r| r.targets.meets_bytes_target)
         .count();
     println!(
-        "vmtierd as shipped: ≥95% of oracle on {met}/{} trace×budget cases; at or above the best baseline with ≤ its bytes on {met_b}/{}",
+        "vmtierd as shipped: ≥95% of the greedy oracle on {met}/{} trace×budget cases; at or above the best baseline with ≤ its bytes on {met_b}/{}",
         reports.len(),
         reports.len()
     );
@@ -409,7 +409,7 @@ fn main() -> ExitCode {
         "scale" => cmd_scale(rest),
         "policies" => {
             println!(
-                "{:<12} oracle: offline, knows the future (same budget and move limit)",
+                "{:<12} offline, greedy with one interval of lookahead (same budget and move limit; not an upper bound)",
                 "oracle"
             );
             for e in registry::REGISTRY {
