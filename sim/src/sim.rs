@@ -144,7 +144,8 @@ pub struct Config {
     pub damon_sample_us: u32,
     /// DAMON aggregation interval, µs (DAMON's default, 100000).
     pub damon_aggr_us: u32,
-    /// DAMON minimum number of regions.
+    /// DAMON minimum number of regions (vmtierd's default, a third of the maximum; DAMON's
+    /// own is 10).
     pub damon_min_regions: u32,
     /// DAMON maximum number of regions.
     pub damon_max_regions: u32,
@@ -186,7 +187,7 @@ impl Default for Config {
             tick_ms: 1000,
             damon_sample_us: 5000,
             damon_aggr_us: 100_000,
-            damon_min_regions: 10,
+            damon_min_regions: 333,
             damon_max_regions: 1000,
             thp: false,
             sample_period: 64,
