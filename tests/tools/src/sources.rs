@@ -674,11 +674,12 @@ pub fn run(c: &mut Checks, a: &SourcesArgs) {
     selection(c);
     let mut d = DamonSource::new(DamonConfig::default());
     let samples = hot_vs_cold(c, a, &mut d);
-    // One collect per second with DAMON's 5 ms samples: 200 when every window is read,
-    // 20 with one window per collect.
+    // One collect per second with DAMON's 5 ms samples: up to 200 when every window is read
+    // (fewer when the emulated kdamond runs late), never more than 20 with one window per
+    // collect.
     let per_window = DamonConfig::default().attrs.max_nr_accesses();
     c.check(
-        u64::from(samples) >= 5 * per_window,
+        u64::from(samples) >= 2 * per_window,
         "damon: every aggregation window of a tick is read (tracepoint)",
         format!("up to {samples} samples per report, {per_window} per window"),
     );

@@ -270,6 +270,8 @@ struct Vm {
     tick: u64,
     reports: Vec<RegionAccess>,
     retries: BTreeMap<Granule, Retry>,
+    /// When a tick longer than the interval was last logged.
+    slow_tick_logged: Option<Instant>,
 }
 
 impl Vm {
@@ -381,6 +383,7 @@ impl Engine {
             tick: 0,
             reports: Vec::new(),
             retries: BTreeMap::new(),
+            slow_tick_logged: None,
         };
         self.migrator.add_layout(&vm.layout);
         if let Err(e) = refresh_placement(&self.cfg, self.locator.as_mut(), &mut vm) {
@@ -459,7 +462,21 @@ impl Engine {
                 self.migrator.remove_layout(vm.layout.pid);
                 vm.failed = Some(why);
             }
-            vm.metrics.last_tick_us = u64::try_from(t.elapsed().as_micros()).unwrap_or(u64::MAX);
+            let took = t.elapsed();
+            vm.metrics.last_tick_us = u64::try_from(took.as_micros()).unwrap_or(u64::MAX);
+            if took > self.cfg.interval
+                && vm
+                    .slow_tick_logged
+                    .map_or(true, |at| at.elapsed() >= LOG_EVERY)
+            {
+                warn!(
+                    "{name}: tick {} took {} ms, longer than the {} ms interval",
+                    vm.tick,
+                    took.as_millis(),
+                    self.cfg.interval.as_millis()
+                );
+                vm.slow_tick_logged = Some(Instant::now());
+            }
         }
     }
 
