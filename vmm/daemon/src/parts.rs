@@ -26,10 +26,10 @@ pub fn build(cfg: &Config, vm: &VmConfig) -> Result<VmParts, String> {
         (Some(sock), pid) => {
             Box::new(QemuBackend::connect_to(sock, QMP_TIMEOUT, pid).map_err(|e| err(&e))?)
         }
-        (None, Some(pid)) => Box::new(PidBackend::new(
-            pid,
-            vm.ranges.iter().map(|r| (r.start, r.len.0)).collect(),
-        )),
+        (None, Some(pid)) => Box::new(
+            PidBackend::new(pid, vm.ranges.iter().map(|r| (r.start, r.len.0)).collect())
+                .map_err(|e| err(&e))?,
+        ),
         (None, None) => return Err("no backend (qmp or pid)".into()),
     };
     let choice: Choice = cfg.daemon.source.parse().map_err(|e| err(&e))?;
