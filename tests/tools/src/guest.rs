@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 use vmtier_backends::qemu::QemuBackend;
 use vmtier_core::migrate::{Migrator, PageOutcome, PageRef};
 use vmtier_core::{Backing, ByteSize, GuestMemoryLayout, NodeId, PageSize};
-use vmtier_migrate::{Combined, Engine, Kmod, KmodConfig, MovePages, Residency};
+use vmtier_migrate::{Combined, CopyEngine, Kmod, KmodConfig, MovePages, Residency};
 
 use crate::check::Checks;
 
@@ -45,7 +45,7 @@ pub struct GuestArgs {
     kmod_dir: Option<PathBuf>,
     /// With --kmod-dir: the module's copy engine.
     #[arg(long, default_value = "cpu")]
-    engine: Engine,
+    engine: CopyEngine,
     /// With --kmod-dir: keep THP on (THP-backed guest RAM then moves by move_pages(2)
     /// instead of the module, which leaves PMD-mapped THPs alone).
     #[arg(long)]

@@ -191,7 +191,7 @@ impl Config {
             )));
         }
         d.kmod_engine
-            .parse::<vmtier_migrate::kmod::Engine>()
+            .parse::<vmtier_migrate::kmod::CopyEngine>()
             .map_err(|e| Error::Invalid(format!("kmod_engine: {e}")))?;
         if !["auto", "damon-vaddr", "soft-dirty"].contains(&d.source.as_str()) {
             return Err(Error::Invalid(format!(

@@ -9,7 +9,7 @@ use vmtier_backends::qemu::QemuBackend;
 use vmtier_core::backend::VmBackend;
 use vmtier_core::migrate::Migrator;
 use vmtier_core::GuestMemoryLayout;
-use vmtier_migrate::kmod::{Combined, Engine, Kmod, KmodConfig};
+use vmtier_migrate::kmod::{Combined, CopyEngine, Kmod, KmodConfig};
 use vmtier_migrate::MovePages;
 use vmtier_sources::{Choice, SelectOptions};
 
@@ -52,7 +52,7 @@ pub fn build(cfg: &Config, vm: &VmConfig) -> Result<VmParts, String> {
 /// The migrator `[daemon] migrator` asks for, and a log line saying what it is.
 pub fn migrator(cfg: &Config) -> Result<(Box<dyn Migrator>, String), String> {
     let d = &cfg.daemon;
-    let engine: Engine = d.kmod_engine.parse()?;
+    let engine: CopyEngine = d.kmod_engine.parse()?;
     let kcfg = KmodConfig {
         engine,
         workers: d.kmod_workers,
