@@ -52,6 +52,14 @@ fn node_bytes(node: NodeId) -> Result<u64, String> {
         .ok_or_else(|| format!("Node {node} has no memory"))
 }
 
+/// `t + d`, or the latest representable instant instead of a panic. The config bounds
+/// `interval_ms` to an hour, so this only matters if those bounds are ever lifted.
+fn after(t: Instant, d: Duration) -> Instant {
+    t.checked_add(d)
+        .or_else(|| t.checked_add(Duration::from_secs(3600)))
+        .unwrap_or(t)
+}
+
 fn main() -> ExitCode {
     env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("info")).init();
     let args = Args::parse();
@@ -137,15 +145,15 @@ fn main() -> ExitCode {
     );
 
     let interval = Duration::from_millis(cfg.daemon.interval_ms);
-    let mut next = Instant::now() + interval;
+    let mut next = after(Instant::now(), interval);
     let mut build = |vm: &vmtier_daemon::config::VmConfig| parts::build(&cfg, vm);
     while !STOP.load(Ordering::Relaxed) {
         let now = Instant::now();
         if now >= next {
             engine.tick();
-            next += interval;
+            next = after(next, interval);
             if next < now {
-                next = now + interval;
+                next = after(now, interval);
             }
             continue;
         }
@@ -164,4 +172,29 @@ fn main() -> ExitCode {
     }
     let _ = std::fs::remove_file(&cfg.daemon.socket);
     ExitCode::SUCCESS
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn deadlines_never_overflow() {
+        let now = Instant::now();
+        let cases = [
+            (
+                Duration::from_millis(1000),
+                Some(Duration::from_millis(1000)),
+            ),
+            (Duration::from_millis(u64::MAX), None),
+            (Duration::MAX, None),
+        ];
+        for (d, want) in cases {
+            let t = after(now, d);
+            assert!(t >= now, "{d:?}");
+            if let Some(w) = want {
+                assert_eq!(t - now, w);
+            }
+        }
+    }
 }
