@@ -127,10 +127,13 @@ fn main() -> ExitCode {
     }
 
     let (tx, rx) = mpsc::channel::<server::Call>();
-    if let Err(e) = server::spawn(&cfg.daemon.socket, tx) {
-        error!("{}", chain(&e));
-        return ExitCode::from(2);
-    }
+    let server = match server::spawn(&cfg.daemon.socket, tx) {
+        Ok(s) => s,
+        Err(e) => {
+            error!("{}", chain(&e));
+            return ExitCode::from(2);
+        }
+    };
     // SAFETY: the handler only stores to an atomic, which is async-signal-safe.
     unsafe {
         let handler = on_signal as extern "C" fn(libc::c_int) as libc::sighandler_t;
@@ -170,7 +173,7 @@ fn main() -> ExitCode {
     for name in engine.vm_names() {
         let _ = engine.detach(&name);
     }
-    let _ = std::fs::remove_file(&cfg.daemon.socket);
+    server.remove();
     ExitCode::SUCCESS
 }
 
