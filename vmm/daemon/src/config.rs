@@ -25,6 +25,9 @@ pub const KMOD_WORKERS: RangeInclusive<u64> = 0..=vmtier_migrate::uapi::MAX_WORK
 pub const MAX_NODES: u32 = 1024;
 /// Largest budget: 1 PiB.
 pub const MAX_BUDGET: u64 = 1 << 50;
+/// End of the highest range a process can have: no Linux user address space reaches past
+/// 2^57 bytes (x86-64 with 5-level page tables stops at 2^56).
+pub const MAX_ADDRESS: u64 = 1 << 57;
 /// Longest control socket path: `sun_path` holds 108 bytes with the terminating NUL.
 pub const MAX_SOCKET_PATH: usize = 107;
 
@@ -182,10 +185,10 @@ impl VmConfig {
                     r.start, r.len
                 ));
             }
-            let Some(end) = start.checked_add(len) else {
+            let Some(end) = start.checked_add(len).filter(|&e| e <= MAX_ADDRESS) else {
                 return invalid(format!(
-                    "range {} (+{}) overflows the address space",
-                    r.start, r.len
+                    "range {} (+{}) ends beyond any process's address space ({:#x})",
+                    r.start, r.len, MAX_ADDRESS
                 ));
             };
             spans.push((start, end));
@@ -291,9 +294,9 @@ impl Config {
         }
         self.build_policy().map_err(|e| {
             let detail = std::error::Error::source(&e)
-                .map(|s| format!(": {}", s.to_string().trim_end().replace('\n', " ")))
+                .map(|s| format!(": {s}"))
                 .unwrap_or_default();
-            Error::Invalid(format!("{e}{detail}"))
+            Error::Invalid(flat(&format!("{e}{detail}")))
         })?;
         let mut names: Vec<&VmId> = self.vms.iter().map(|v| &v.name).collect();
         names.sort();
@@ -306,7 +309,7 @@ impl Config {
 
 /// A TOML error as one line: `line 2, column 1: unknown field ...`.
 fn one_line(text: &str, e: &toml::de::Error) -> String {
-    let msg = e.message().trim_end().replace('\n', " ");
+    let msg = flat(e.message());
     match e.span() {
         Some(span) => {
             let mut at = span.start.min(text.len());
@@ -320,6 +323,20 @@ fn one_line(text: &str, e: &toml::de::Error) -> String {
         }
         None => msg,
     }
+}
+
+/// A message on one line, for the log: line breaks become spaces, other control characters
+/// (from the file's own text, such as a policy name) are escaped.
+fn flat(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    for c in s.trim_end().chars() {
+        match c {
+            '\n' => out.push(' '),
+            c if c.is_control() => out.extend(c.escape_default()),
+            c => out.push(c),
+        }
+    }
+    out
 }
 
 /// Addresses as `"0x7f..."` strings (or plain integers) in TOML.
@@ -417,6 +434,8 @@ mod tests {
             ("[daemon]\nsocket = \"/\"\n", "socket \"/\": give a file path"),
             (&format!("[daemon]\nsocket = \"/{}\"\n", "s".repeat(107)), "at most 107 bytes"),
             ("[daemon]\npolicy = \"nope\"\n", "Unknown policy nope"),
+            // Found by the config fuzz target: the name's line break reached the log.
+            ("[daemon]\npolicy = \"a\\nb\\u001b[2J\"\n", "Unknown policy a b\\u{1b}[2J"),
             ("[daemon.policy_params]\nswap_margn = 1\n", "unknown field"),
             ("[[vm]]\nname = \"a\"\nbudget = \"1G\"\n", "give qmp"),
             ("[[vm]]\nname = \"a b\"\nbudget = \"1G\"\nqmp = \"/x\"\n", "Invalid VM name"),
@@ -427,7 +446,8 @@ mod tests {
             ("[[vm]]\nname = \"a\"\nbudget = \"1G\"\nqmp = \"/x\"\npid = 0\n", "VM a: pid 0"),
             ("[[vm]]\nname = \"a\"\nbudget = \"1G\"\npid = 2147483648\nranges = []\n", "line 4, column 7"),
             ("[[vm]]\nname = \"a\"\nbudget = \"1025T\"\nqmp = \"/x\"\n", "VM a: budget 1025 TiB is above the largest, 1024 TiB"),
-            ("[[vm]]\nname = \"a\"\nbudget = \"1G\"\npid = 3\nranges = [{ start = \"0xfffffffffffff000\", len = \"8K\" }]\n", "overflows the address space"),
+            ("[[vm]]\nname = \"a\"\nbudget = \"1G\"\npid = 3\nranges = [{ start = \"0xfffffffffffff000\", len = \"8K\" }]\n", "ends beyond any process's address space (0x200000000000000)"),
+            ("[[vm]]\nname = \"a\"\nbudget = \"1G\"\npid = 3\nranges = [{ start = \"0x1000\", len = \"16000000T\" }]\n", "ends beyond"),
             ("[[vm]]\nname = \"a\"\nbudget = \"1G\"\npid = 3\nranges = [{ start = \"0x1000\", len = 0 }]\n", "empty or not 4 KiB aligned"),
             ("[[vm]]\nname = \"a\"\nbudget = \"1G\"\npid = 3\nranges = [{ start = \"0x1001\", len = \"4K\" }]\n", "not 4 KiB aligned"),
             ("[[vm]]\nname = \"a\"\nbudget = \"1G\"\npid = 3\nranges = [{ start = \"0x10000\", len = \"8K\" }, { start = \"0x11000\", len = \"4K\" }]\n", "ranges at 0x10000 and 0x11000 overlap"),
@@ -436,7 +456,7 @@ mod tests {
         ];
         for (text, want) in cases {
             let err = Config::parse(text).unwrap_err().to_string();
-            assert!(!err.contains('\n'), "one line: {err}");
+            assert!(!err.chars().any(char::is_control), "one line: {err:?}");
             assert!(err.contains(want), "{text:?}: {err}");
         }
     }
