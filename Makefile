@@ -6,7 +6,7 @@ TARGET := $(CURDIR)/target
 BIN := $(TARGET)/release
 GUEST := $(TARGET)/workload-guest/workload.elf
 
-.PHONY: all deps build guest demo test test-unit test-guest test-testbed lint testbed clean bench bench-policies kmod bench-kmod bench-e2e
+.PHONY: all deps build guest demo test test-unit test-guest test-testbed lint testbed clean bench bench-policies kmod bench-kmod bench-e2e fuzz fuzz-short
 
 all: build
 
@@ -27,16 +27,30 @@ guest:
 demo: build
 	tests/testbed/run -- $(BIN)/tbcheck daemon --elf $(GUEST) --demo
 
-# Everything: unit tests, lints, the guest's own smoke test, the testbed suite.
+# Everything: unit tests, lints, a short fuzzing pass, the guest's own smoke test, the testbed suite.
 test: build
-	$(MAKE) --no-print-directory test-unit lint test-guest test-testbed
+	$(MAKE) --no-print-directory test-unit lint fuzz-short test-guest test-testbed
 
 test-unit:
 	$(CARGO) test --workspace --locked
 
 lint:
 	$(CARGO) fmt --all -- --check
+	$(CARGO) fmt --manifest-path fuzz/Cargo.toml -- --check
 	$(CARGO) clippy --workspace --all-targets --locked -- -D warnings
+
+# Coverage-guided fuzzing (libFuzzer) of the control-socket decoder and the config parser,
+# from the committed corpus in fuzz/corpus (docs/fuzzing.md). fuzz-short is part of make test.
+FUZZ_TARGETS := control config
+FUZZ_SECONDS ?= 25
+FUZZ_RUNS ?= 5000000
+
+fuzz-short: deps
+	@for t in $(FUZZ_TARGETS); do fuzz/run $$t -max_total_time=$(FUZZ_SECONDS) || exit 1; done
+
+# The long run: FUZZ_RUNS executions of each target.
+fuzz: deps
+	@for t in $(FUZZ_TARGETS); do fuzz/run $$t -runs=$(FUZZ_RUNS) || exit 1; done
 
 test-guest: guest
 	tests/workload-guest/smoke.sh $(GUEST)

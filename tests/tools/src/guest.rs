@@ -15,7 +15,7 @@ use vmtier_core::{
     Backing, ByteSize, GuestMemoryLayout, HostVirtAddr, NodeId, PageSize, ProcessId,
 };
 use vmtier_migrate::{
-    query_nodes, Combined, Engine, Kmod, KmodConfig, MovePages, NodeQuery, Residency,
+    query_nodes, Combined, CopyEngine, Kmod, KmodConfig, MovePages, NodeQuery, Residency,
 };
 
 use crate::check::Checks;
@@ -49,7 +49,7 @@ pub struct GuestArgs {
     kmod_dir: Option<PathBuf>,
     /// With --kmod-dir: the module's copy engine.
     #[arg(long, default_value = "cpu")]
-    engine: Engine,
+    engine: CopyEngine,
     /// With --kmod-dir: keep THP on (THP-backed guest RAM then moves by move_pages(2)
     /// instead of the module, which leaves PMD-mapped THPs alone).
     #[arg(long)]

@@ -13,7 +13,7 @@ use std::time::Duration;
 use vmtier_core::migrate::{Migrator, PageOutcome, PageRef};
 use vmtier_core::{ByteSize, NodeId, PageSize, ProcessId};
 use vmtier_migrate::kmod::KmodReport;
-use vmtier_migrate::{uapi, Combined, Engine, Kmod, KmodConfig, MovePages, Residency};
+use vmtier_migrate::{uapi, Combined, CopyEngine, Kmod, KmodConfig, MovePages, Residency};
 
 use crate::check::Checks;
 use crate::mem::{pattern, vmstat, AnonBuf};
@@ -204,7 +204,7 @@ fn describe(r: &KmodReport) -> String {
         r.sum(|x| x.skipped_busy),
         r.sum(|x| x.skipped_shared),
         r.sum(|x| x.failed),
-        r.engine_used.map(Engine::name),
+        r.engine_used.map(CopyEngine::name),
         r.workers_used,
         r.dma_fallbacks,
         r.copy_time.as_secs_f64() * 1e3,
@@ -221,7 +221,7 @@ fn query(c: &mut Checks) {
         Ok(q) => {
             c.check(
                 q.abi_version == uapi::ABI_VERSION
-                    && q.engines.contains(&Engine::Cpu)
+                    && q.engines.contains(&CopyEngine::Cpu)
                     && q.max_ranges == uapi::MAX_RANGES
                     && q.max_batch == uapi::MAX_BATCH
                     && q.max_workers >= 1,
@@ -229,7 +229,7 @@ fn query(c: &mut Checks) {
                 format!("{q:?}"),
             );
             c.check(
-                q.engines.contains(&Engine::Dma)
+                q.engines.contains(&CopyEngine::Dma)
                     && q.dma_channels.len() == 2
                     && q.dma_channels.iter().all(|n| n.starts_with("dma")),
                 "QUERY: the test DMA provider's 2 channels are found by name",
@@ -243,11 +243,11 @@ fn query(c: &mut Checks) {
 }
 
 /// The (engine, workers) combinations every integrity case runs with.
-const ENGINES: [(Engine, u32); 4] = [
-    (Engine::Cpu, 1),
-    (Engine::Cpu, 2),
-    (Engine::Dma, 2),
-    (Engine::Auto, 0),
+const ENGINES: [(CopyEngine, u32); 4] = [
+    (CopyEngine::Cpu, 1),
+    (CopyEngine::Cpu, 2),
+    (CopyEngine::Dma, 2),
+    (CopyEngine::Auto, 0),
 ];
 
 fn integrity(c: &mut Checks, len: usize) {

@@ -8,7 +8,7 @@ use std::time::Instant;
 
 use vmtier_core::migrate::{Migrator, PageRef};
 use vmtier_core::{ByteSize, NodeId, PageSize, ProcessId};
-use vmtier_migrate::{Engine, Kmod, KmodConfig, MovePages};
+use vmtier_migrate::{CopyEngine, Kmod, KmodConfig, MovePages};
 
 use crate::check::Checks;
 use crate::kmod::{load_modules, sh};
@@ -109,7 +109,7 @@ pub fn run(c: &mut Checks, a: &KmodBenchArgs) {
         let mut mp = MovePages::new(512, false);
         push("move_pages", ps, 1, one(c, len, huge, &mut mp));
     }
-    for (engine, name) in [(Engine::Cpu, "kmod-cpu"), (Engine::Dma, "kmod-dma")] {
+    for (engine, name) in [(CopyEngine::Cpu, "kmod-cpu"), (CopyEngine::Dma, "kmod-dma")] {
         for workers in [1u32, 2] {
             let cfg = KmodConfig {
                 engine,

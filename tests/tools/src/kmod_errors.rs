@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use vmtier_core::{HostVirtAddr, NodeId};
 use vmtier_migrate::uapi::{self, VmtierMigrate, VmtierRange};
-use vmtier_migrate::{Engine, Kmod, KmodConfig};
+use vmtier_migrate::{CopyEngine, Kmod, KmodConfig};
 
 use crate::check::Checks;
 use crate::kmod::{kstat, sh};
@@ -515,7 +515,7 @@ fn target_exits(c: &mut Checks) {
     let (addr, len) = (v.addr, v.len);
     let h = thread::spawn(move || {
         let cfg = KmodConfig {
-            engine: Engine::Cpu,
+            engine: CopyEngine::Cpu,
             workers: 1,
             batch: 64,
         };
@@ -554,7 +554,7 @@ fn fatal_signal(c: &mut Checks) {
     let pid = unsafe { libc::fork() };
     if pid == 0 {
         let cfg = KmodConfig {
-            engine: Engine::Cpu,
+            engine: CopyEngine::Cpu,
             workers: 2,
             batch: 64,
         };
@@ -594,7 +594,7 @@ fn set(module: &str, name: &str, value: &str) {
 /// DMA errors and timeouts from the test provider: every page still arrives intact.
 pub fn dma_faults(c: &mut Checks, len: usize) {
     let cfg = KmodConfig {
-        engine: Engine::Dma,
+        engine: CopyEngine::Dma,
         workers: 2,
         batch: 1024,
     };
@@ -665,7 +665,7 @@ pub fn busy(c: &mut Checks, ko_dir: &Path) {
     let d = done.clone();
     let h = thread::spawn(move || {
         let cfg = KmodConfig {
-            engine: Engine::Cpu,
+            engine: CopyEngine::Cpu,
             workers: 2,
             batch: 64,
         };

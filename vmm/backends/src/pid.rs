@@ -2,9 +2,11 @@
 //! after another from guest physical address 0 in the order given.
 
 use vmtier_core::backend::{Error as BackendError, VmBackend};
+use vmtier_core::process::{self, Pidfd};
 use vmtier_core::{GuestMemoryLayout, GuestPhysAddr, GuestRamRange, HostVirtAddr, ProcessId};
 
 use crate::procmaps;
+use crate::qemu::{alive, hold};
 
 /// Error describing a process's ranges.
 #[derive(Debug, thiserror::Error)]
@@ -25,23 +27,35 @@ pub enum Error {
     /// The ranges do not form a valid layout.
     #[error("Invalid ranges")]
     Layout(#[from] vmtier_core::layout::Error),
+    /// The process could not be held (no such process, or not a valid pid).
+    #[error("Cannot hold the process")]
+    Process(#[from] process::Error),
+    /// The process has exited (its pidfd says so), whatever its pid names now.
+    #[error("Process {0} has exited")]
+    Exited(ProcessId),
 }
 
 /// A process and the ranges of it to manage.
-#[derive(Clone, Debug)]
+#[derive(Debug)]
 pub struct PidBackend {
     pid: ProcessId,
+    /// The process, held from [`Self::new`] on; `None` where the kernel has no pidfds.
+    pidfd: Option<Pidfd>,
     ranges: Vec<(HostVirtAddr, u64)>,
 }
 
 impl PidBackend {
-    /// Manages `ranges` (start, length) of `pid`.
-    pub fn new(pid: ProcessId, ranges: Vec<(HostVirtAddr, u64)>) -> Self {
-        Self { pid, ranges }
+    /// Manages `ranges` (start, length) of `pid`, which is held by a pidfd from here on.
+    pub fn new(pid: ProcessId, ranges: Vec<(HostVirtAddr, u64)>) -> Result<Self, Error> {
+        let pidfd = hold(pid)?;
+        Ok(Self { pid, pidfd, ranges })
     }
 
     /// The layout, after checking every range is mapped.
     pub fn discover(&self) -> Result<GuestMemoryLayout, Error> {
+        if alive(self.pidfd.as_ref()) == Some(false) {
+            return Err(Error::Exited(self.pid));
+        }
         let maps = procmaps::read(self.pid)?;
         let mut gpa = 0u64;
         let mut out = Vec::with_capacity(self.ranges.len());
@@ -73,9 +87,13 @@ impl VmBackend for PidBackend {
 
     fn layout(&mut self) -> Result<GuestMemoryLayout, BackendError> {
         self.discover().map_err(|e| match e {
-            Error::Maps(_) => BackendError::Gone(e.into()),
+            Error::Maps(_) | Error::Exited(_) | Error::Process(_) => BackendError::Gone(e.into()),
             _ => BackendError::Unavailable(e.into()),
         })
+    }
+
+    fn process_alive(&self) -> Option<bool> {
+        alive(self.pidfd.as_ref())
     }
 }
 
@@ -88,20 +106,41 @@ mod tests {
         let me = ProcessId::new(i32::try_from(std::process::id()).unwrap());
         let buf = vec![1u8; 64 << 10];
         let start = (buf.as_ptr() as u64 + 4095) & !4095;
-        let ok = PidBackend::new(me, vec![(HostVirtAddr::new(start), 32 << 10)]);
+        let ok = PidBackend::new(me, vec![(HostVirtAddr::new(start), 32 << 10)]).unwrap();
+        assert_eq!(ok.process_alive(), Some(true));
         let l = ok.discover().unwrap();
         assert_eq!(l.total_bytes(), 32 << 10);
         assert_eq!(
             l.translate(GuestPhysAddr(4096)),
             Some(HostVirtAddr::new(start + 4096))
         );
-        let unmapped = PidBackend::new(me, vec![(HostVirtAddr::new(0x1000), 4096)]);
+        let unmapped = PidBackend::new(me, vec![(HostVirtAddr::new(0x1000), 4096)]).unwrap();
         assert!(matches!(unmapped.discover(), Err(Error::NotMapped { .. })));
-        let gone = PidBackend::new(
-            ProcessId::new(i32::MAX),
-            vec![(HostVirtAddr::new(start), 4096)],
+        for raw in [i32::MAX, 0, -1] {
+            let gone = PidBackend::new(ProcessId::new(raw), vec![(HostVirtAddr::new(start), 4096)]);
+            assert!(matches!(gone, Err(Error::Process(_))), "{raw}");
+        }
+    }
+
+    #[test]
+    fn an_exited_process_is_gone_even_if_its_pid_is_reused() {
+        let mut child = std::process::Command::new("sleep")
+            .arg("60")
+            .spawn()
+            .unwrap();
+        let pid = ProcessId::new(i32::try_from(child.id()).unwrap());
+        let range = vec![(HostVirtAddr::new(0x1000), 4096)];
+        let mut b = PidBackend::new(pid, range).unwrap();
+        assert_eq!(b.process_alive(), Some(true));
+        child.kill().unwrap();
+        child.wait().unwrap();
+        assert_eq!(b.process_alive(), Some(false));
+        let err = b.layout().unwrap_err();
+        assert!(matches!(err, BackendError::Gone(_)), "{err}");
+        assert!(
+            vmtier_core::error_chain(&err).contains("has exited"),
+            "{}",
+            vmtier_core::error_chain(&err)
         );
-        let mut gone_backend = gone.clone();
-        assert!(matches!(gone_backend.layout(), Err(BackendError::Gone(_))));
     }
 }

@@ -11,8 +11,10 @@
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+use log::warn;
 use serde_json::Value;
 use vmtier_core::backend::{Error as BackendError, VmBackend};
+use vmtier_core::process::{self, Pidfd};
 use vmtier_core::{GuestMemoryLayout, GuestPhysAddr, GuestRamRange, HostVirtAddr, ProcessId};
 
 use crate::procmaps;
@@ -55,6 +57,22 @@ pub enum Error {
         len: u64,
         /// The QEMU process.
         pid: vmtier_core::ProcessId,
+    },
+    /// QEMU's process could not be held (it exited, or the configured pid is wrong).
+    #[error("Cannot hold QEMU's process")]
+    Process(#[from] process::Error),
+    /// QEMU has exited (its pidfd says so), whatever now answers on its socket or pid.
+    #[error("QEMU process {0} has exited")]
+    Exited(ProcessId),
+    /// After a reconnect, another process answers on the QMP socket.
+    #[error("QMP socket {socket} is now served by process {now}, not QEMU {pid}")]
+    OtherPeer {
+        /// The socket.
+        socket: PathBuf,
+        /// The QEMU that was attached.
+        pid: ProcessId,
+        /// The process serving the socket now.
+        now: ProcessId,
     },
     /// Reading the process's mappings failed.
     #[error("Cannot read QEMU's mappings")]
@@ -137,7 +155,37 @@ pub struct QemuBackend {
     qmp: Option<Qmp>,
     socket: PathBuf,
     pid: ProcessId,
+    /// Whether `pid` was given (a proxy serves the socket) rather than the socket's peer.
+    pid_given: bool,
+    /// QEMU's process, held from connect on; `None` where the kernel has no pidfds.
+    pidfd: Option<Pidfd>,
     timeout: Duration,
+}
+
+/// A pidfd for `pid`; `None` (logged) where the kernel cannot give one.
+pub(crate) fn hold(pid: ProcessId) -> Result<Option<Pidfd>, process::Error> {
+    match Pidfd::open(pid) {
+        Ok(p) => Ok(Some(p)),
+        Err(e @ process::Error::Unsupported(_)) => {
+            warn!(
+                "process {pid}: {}; a reused pid cannot be detected",
+                vmtier_core::error_chain(&e)
+            );
+            Ok(None)
+        }
+        Err(e) => Err(e),
+    }
+}
+
+/// What a pidfd says, with a poll failure taken as "exited": a pid is used only while its
+/// process is known to be the one attached.
+pub(crate) fn alive(pidfd: Option<&Pidfd>) -> Option<bool> {
+    pidfd.map(|p| {
+        p.is_alive().unwrap_or_else(|e| {
+            warn!("{}", vmtier_core::error_chain(&e));
+            false
+        })
+    })
 }
 
 impl QemuBackend {
@@ -147,14 +195,33 @@ impl QemuBackend {
     }
 
     /// Connects to QEMU's QMP socket; `pid` names QEMU when a proxy serves the socket.
+    /// QEMU's process is held by a pidfd from here on: the socket's own (`SO_PEERPIDFD`)
+    /// when QEMU is the peer, else one opened for the pid.
     pub fn connect_to(
         socket: &Path,
         timeout: Duration,
         pid: Option<ProcessId>,
     ) -> Result<Self, Error> {
-        let qmp = Qmp::connect(socket, timeout)?;
+        let mut qmp = Qmp::connect(socket, timeout)?;
+        let pid_given = pid.is_some();
+        let (pid, pidfd) = match pid {
+            Some(pid) => (pid, hold(pid)?),
+            None => {
+                let pid = qmp.pid()?;
+                let pidfd = match qmp.take_pidfd() {
+                    Some(fd) => Some(Pidfd::from_owned_fd(fd, pid)),
+                    None => hold(pid)?,
+                };
+                (pid, pidfd)
+            }
+        };
+        if alive(pidfd.as_ref()) == Some(false) {
+            return Err(Error::Exited(pid));
+        }
         Ok(Self {
-            pid: pid.unwrap_or_else(|| qmp.pid()),
+            pid,
+            pid_given,
+            pidfd,
             qmp: Some(qmp),
             socket: socket.to_owned(),
             timeout,
@@ -169,8 +236,22 @@ impl QemuBackend {
     /// Finds every guest RAM range and its host address. A broken QMP connection is
     /// dropped and re-opened on the next call, as long as the same QEMU answers.
     pub fn discover(&mut self) -> Result<GuestMemoryLayout, Error> {
+        if alive(self.pidfd.as_ref()) == Some(false) {
+            self.qmp = None;
+            return Err(Error::Exited(self.pid));
+        }
         if self.qmp.is_none() {
             let q = Qmp::connect(&self.socket, self.timeout)?;
+            if !self.pid_given {
+                let now = q.pid()?;
+                if now != self.pid {
+                    return Err(Error::OtherPeer {
+                        socket: self.socket.clone(),
+                        pid: self.pid,
+                        now,
+                    });
+                }
+            }
             self.qmp = Some(q);
         }
         let r = self.discover_with_qmp();
@@ -246,12 +327,20 @@ impl VmBackend for QemuBackend {
     }
 
     fn layout(&mut self) -> Result<GuestMemoryLayout, BackendError> {
-        let alive = Path::new(&format!("/proc/{}", self.pid)).exists();
-        self.discover().map_err(|e| match e {
+        let r = self.discover();
+        let alive = self
+            .process_alive()
+            .unwrap_or_else(|| Path::new(&format!("/proc/{}", self.pid)).exists());
+        r.map_err(|e| match e {
+            Error::Exited(_) | Error::OtherPeer { .. } => BackendError::Gone(e.into()),
             // QMP closed while QEMU lives (a restarted management proxy): try again later.
             _ if alive => BackendError::Unavailable(e.into()),
             _ => BackendError::Gone(e.into()),
         })
+    }
+
+    fn process_alive(&self) -> Option<bool> {
+        alive(self.pidfd.as_ref())
     }
 }
 

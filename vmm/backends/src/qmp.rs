@@ -1,7 +1,7 @@
 //! A small synchronous QMP client: one command at a time, asynchronous events skipped.
 
 use std::io::{self, BufRead, BufReader, Write};
-use std::os::fd::AsRawFd;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -21,6 +21,9 @@ pub enum Error {
     /// QEMU closed the connection (it exited, or another client took the monitor).
     #[error("QMP connection closed")]
     Closed,
+    /// SO_PEERCRED gave pid 0: the peer is in another pid namespace, its pid is unknown here.
+    #[error("The process serving {0} is in another pid namespace: give QEMU's pid with `pid =`")]
+    ForeignPeer(PathBuf),
     /// QEMU sent something that is not QMP.
     #[error("Unexpected QMP message: {0}")]
     Protocol(String),
@@ -41,7 +44,11 @@ pub enum Error {
 pub struct Qmp {
     reader: BufReader<UnixStream>,
     writer: UnixStream,
-    pid: ProcessId,
+    path: PathBuf,
+    /// The peer's pid as SO_PEERCRED gives it; 0 for a peer in another pid namespace.
+    peer_pid: i32,
+    /// The peer's pidfd from SO_PEERPIDFD (Linux 6.5), until taken.
+    peer_pidfd: Option<OwnedFd>,
     line: String,
 }
 
@@ -52,12 +59,16 @@ impl Qmp {
         let stream = UnixStream::connect(path).map_err(|e| Error::Connect(path.into(), e))?;
         stream.set_read_timeout(Some(timeout)).map_err(Error::Io)?;
         stream.set_write_timeout(Some(timeout)).map_err(Error::Io)?;
-        let pid = peer_pid(&stream).map_err(|e| Error::Connect(path.into(), e))?;
+        // The pidfd first: it names the very process whose credentials the socket holds.
+        let peer_pidfd = peer_pidfd(&stream);
+        let peer_pid = peer_pid(&stream).map_err(|e| Error::Connect(path.into(), e))?;
         let writer = stream.try_clone().map_err(Error::Io)?;
         let mut qmp = Self {
             reader: BufReader::new(stream),
             writer,
-            pid,
+            path: path.into(),
+            peer_pid,
+            peer_pidfd,
             line: String::new(),
         };
         let greeting = qmp.read_message()?;
@@ -68,9 +79,17 @@ impl Qmp {
         Ok(qmp)
     }
 
-    /// The QEMU process on the other end of the socket.
-    pub fn pid(&self) -> ProcessId {
-        self.pid
+    /// The process on the other end of the socket (QEMU, or a proxy). An error if it is in
+    /// another pid namespace: SO_PEERCRED then reports pid 0, which the kernel's calls
+    /// would take to mean vmtierd itself.
+    pub fn pid(&self) -> Result<ProcessId, Error> {
+        peer_pid_of(self.peer_pid, &self.path)
+    }
+
+    /// The peer's pidfd, where the kernel gives one with the socket (`SO_PEERPIDFD`,
+    /// Linux 6.5); `None` on older kernels or once taken.
+    pub fn take_pidfd(&mut self) -> Option<OwnedFd> {
+        self.peer_pidfd.take()
     }
 
     fn read_message(&mut self) -> Result<Value, Error> {
@@ -130,8 +149,46 @@ impl Qmp {
     }
 }
 
-/// The pid of the process on the other end of a unix socket.
-fn peer_pid(stream: &UnixStream) -> io::Result<ProcessId> {
+/// A raw SO_PEERCRED pid as a process id: 0 (a peer in another pid namespace) and
+/// negative values are refused.
+fn peer_pid_of(raw: i32, path: &Path) -> Result<ProcessId, Error> {
+    if raw > 0 {
+        Ok(ProcessId::new(raw))
+    } else {
+        Err(Error::ForeignPeer(path.into()))
+    }
+}
+
+/// `SO_PEERPIDFD` from `<asm-generic/socket.h>` (sparc numbers it differently).
+#[cfg(not(target_arch = "sparc64"))]
+const SO_PEERPIDFD: libc::c_int = 77;
+#[cfg(target_arch = "sparc64")]
+const SO_PEERPIDFD: libc::c_int = 0x56;
+
+/// A pidfd of the process on the other end of a unix socket (Linux 6.5), or `None`.
+fn peer_pidfd(stream: &UnixStream) -> Option<OwnedFd> {
+    let mut fd: libc::c_int = -1;
+    let mut len = libc::socklen_t::try_from(std::mem::size_of::<libc::c_int>()).ok()?;
+    // SAFETY: SO_PEERPIDFD writes one int (a new descriptor) into `fd`, which lives across
+    // the call; the socket is a valid descriptor owned by `stream`.
+    let r = unsafe {
+        libc::getsockopt(
+            stream.as_raw_fd(),
+            libc::SOL_SOCKET,
+            SO_PEERPIDFD,
+            std::ptr::addr_of_mut!(fd).cast(),
+            &mut len,
+        )
+    };
+    if r != 0 || fd < 0 {
+        return None;
+    }
+    // SAFETY: the kernel created `fd` for this call and nothing else owns it.
+    Some(unsafe { OwnedFd::from_raw_fd(fd) })
+}
+
+/// The raw pid of the process on the other end of a unix socket (0: another namespace).
+fn peer_pid(stream: &UnixStream) -> io::Result<i32> {
     let mut cred = libc::ucred {
         pid: 0,
         uid: 0,
@@ -153,7 +210,7 @@ fn peer_pid(stream: &UnixStream) -> io::Result<ProcessId> {
     if r != 0 {
         return Err(io::Error::last_os_error());
     }
-    Ok(ProcessId::new(cred.pid))
+    Ok(cred.pid)
 }
 
 #[cfg(test)]
@@ -206,7 +263,15 @@ mod tests {
             ),
         ]);
         let mut q = Qmp::connect(&path, Duration::from_secs(5)).unwrap();
-        assert_eq!(q.pid().raw(), i32::try_from(std::process::id()).unwrap());
+        assert_eq!(
+            q.pid().unwrap().raw(),
+            i32::try_from(std::process::id()).unwrap()
+        );
+        if let Some(fd) = q.take_pidfd() {
+            // Linux 6.5+: the socket's own pidfd names this (live) process.
+            let pidfd = vmtier_core::process::Pidfd::from_owned_fd(fd, q.pid().unwrap());
+            assert!(pidfd.is_alive().unwrap());
+        }
         let st = q.execute("query-status", None).unwrap();
         assert_eq!(st["status"], "running");
         assert_eq!(q.hmp("info version").unwrap(), "hello\r\n");
@@ -220,6 +285,24 @@ mod tests {
             q.execute("query-status", None),
             Err(Error::Closed)
         ));
+    }
+
+    #[test]
+    fn peer_pids_of_other_namespaces_are_refused() {
+        let path = Path::new("/run/vm.qmp");
+        let cases: [(i32, Option<i32>); 4] =
+            [(4242, Some(4242)), (1, Some(1)), (0, None), (-1, None)];
+        for (raw, want) in cases {
+            let got = peer_pid_of(raw, path);
+            assert_eq!(got.as_ref().ok().map(|p| p.raw()), want, "{raw}");
+            if let Err(e) = got {
+                let msg = e.to_string();
+                assert!(
+                    msg.contains("/run/vm.qmp") && msg.contains("`pid =`"),
+                    "{msg}"
+                );
+            }
+        }
     }
 
     #[test]

@@ -7,6 +7,8 @@
 //! - [`hotness`]: the [`hotness::HotnessSource`] trait and what it reports.
 //! - [`migrate`]: the [`migrate::Migrator`] trait and per-page outcomes.
 //! - [`policy`]: the pure [`policy::PlacementPolicy`] trait and its input/plan types.
+//! - [`process`]: [`process::Pidfd`], a managed process that cannot be confused with a
+//!   later one reusing its pid.
 
 pub mod addr;
 pub mod backend;
@@ -14,6 +16,7 @@ pub mod hotness;
 pub mod layout;
 pub mod migrate;
 pub mod policy;
+pub mod process;
 
 pub use addr::{
     ByteSize, GranuleSize, GuestPhysAddr, HostVirtAddr, NodeId, PageSize, ProcessId, VmId,

@@ -1,10 +1,35 @@
 //! vmtierd's TOML configuration. Every table refuses unknown keys; every option has a
-//! documented default (docs/config.md lists them with examples).
+//! documented default (docs/config.md lists them with examples). Names (`source`,
+//! `migrator`, `kmod_engine`) are enums checked while parsing, so a bad one is reported with
+//! its line and column; every number has bounds ([`Config::parse`] refuses values outside
+//! them), so that no later arithmetic can overflow.
 
+use std::ops::RangeInclusive;
 use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 use vmtier_core::{ByteSize, GranuleSize, HostVirtAddr, NodeId, ProcessId, VmId};
+use vmtier_migrate::kmod::CopyEngine;
+use vmtier_sources::Choice;
+
+/// `interval_ms`: 10 ms to 1 hour.
+pub const INTERVAL_MS: RangeInclusive<u64> = 10..=3_600_000;
+/// `rate_limit_mbps`: 1 MB/s to 1 TB/s (so bytes per second, and bytes per tick of the
+/// longest tick, stay far below 2^64).
+pub const RATE_LIMIT_MBPS: RangeInclusive<u64> = 1..=1_000_000;
+/// `refresh_ticks`: 0 (never) to 10^6.
+pub const REFRESH_TICKS: RangeInclusive<u64> = 0..=1_000_000;
+/// `kmod_workers`: 0 (the module's default) to the module's `VMTIER_MAX_WORKERS`.
+pub const KMOD_WORKERS: RangeInclusive<u64> = 0..=vmtier_migrate::uapi::MAX_WORKERS;
+/// Node ids: the kernel's largest `MAX_NUMNODES` (`CONFIG_NODES_SHIFT` = 10).
+pub const MAX_NODES: u32 = 1024;
+/// Largest budget: 1 PiB.
+pub const MAX_BUDGET: u64 = 1 << 50;
+/// End of the highest range a process can have: no Linux user address space reaches past
+/// 2^57 bytes (x86-64 with 5-level page tables stops at 2^56).
+pub const MAX_ADDRESS: u64 = 1 << 57;
+/// Longest control socket path: `sun_path` holds 108 bytes with the terminating NUL.
+pub const MAX_SOCKET_PATH: usize = 107;
 
 /// Error loading or validating a configuration.
 #[derive(Debug, thiserror::Error)]
@@ -47,7 +72,7 @@ pub struct DaemonConfig {
     pub rate_limit_mbps: u64,
     /// Hotness source: `auto` (DAMON vaddr if the kernel has it, else soft-dirty),
     /// `damon-vaddr` or `soft-dirty`. Default `auto`.
-    pub source: String,
+    pub source: Choice,
     /// Placement policy name from the registry. Default `default`.
     pub policy: String,
     /// The policy's own parameters (`[daemon.policy_params]`); unknown keys refused.
@@ -62,11 +87,25 @@ pub struct DaemonConfig {
     /// How pages move: `auto` (the vmtier kernel module for private anonymous 4 KiB pages
     /// when `/dev/vmtier` exists, move_pages(2) for the rest), `move_pages`, or `kmod`
     /// (the module required). Default `auto`.
-    pub migrator: String,
+    pub migrator: MigratorChoice,
     /// The module's copy engine: `auto`, `cpu` or `dma`. Default `auto`.
-    pub kmod_engine: String,
-    /// CPU threads or DMA channels per module call; 0 = the module's default. Default 0.
+    pub kmod_engine: CopyEngine,
+    /// CPU threads or DMA channels per module call; 0 = the module's default, at most 64.
+    /// Default 0.
     pub kmod_workers: u32,
+}
+
+/// `[daemon] migrator`: how pages move.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum MigratorChoice {
+    /// The kernel module where it exists (and can move the range), else move_pages(2).
+    #[default]
+    Auto,
+    /// move_pages(2) only.
+    MovePages,
+    /// The kernel module is required (move_pages(2) still moves what it cannot).
+    Kmod,
 }
 
 impl Default for DaemonConfig {
@@ -77,13 +116,13 @@ impl Default for DaemonConfig {
             fast_node: NodeId::new(0),
             slow_node: NodeId::new(1),
             rate_limit_mbps: 256,
-            source: "auto".into(),
+            source: Choice::Auto,
             policy: "default".into(),
             policy_params: toml::Table::new(),
             granule: GranuleSize::HUGE,
             refresh_ticks: 10,
-            migrator: "auto".into(),
-            kmod_engine: "auto".into(),
+            migrator: MigratorChoice::Auto,
+            kmod_engine: CopyEngine::Auto,
             kmod_workers: 0,
         }
     }
@@ -122,9 +161,46 @@ pub struct VmConfig {
 }
 
 impl VmConfig {
-    /// Checks the backend choice.
+    /// Checks the backend choice, the pid, the budget and the ranges.
     pub fn validate(&self) -> Result<(), Error> {
         let name = &self.name;
+        let invalid = |what: String| Err(Error::Invalid(format!("VM {name}: {what}")));
+        if self.budget.0 > MAX_BUDGET {
+            return invalid(format!(
+                "budget {} is above the largest, {}",
+                self.budget,
+                ByteSize(MAX_BUDGET)
+            ));
+        }
+        if let Some(pid) = self.pid.filter(|p| p.raw() <= 0) {
+            // 0 would mean vmtierd itself to move_pages(2) and the module.
+            return invalid(format!("pid {pid} is not a process id (pids are positive)"));
+        }
+        let mut spans = Vec::with_capacity(self.ranges.len());
+        for r in &self.ranges {
+            let (start, len) = (r.start.raw(), r.len.0);
+            if len == 0 || start % 4096 != 0 || len % 4096 != 0 {
+                return invalid(format!(
+                    "range {} (+{}) is empty or not 4 KiB aligned",
+                    r.start, r.len
+                ));
+            }
+            let Some(end) = start.checked_add(len).filter(|&e| e <= MAX_ADDRESS) else {
+                return invalid(format!(
+                    "range {} (+{}) ends beyond any process's address space ({:#x})",
+                    r.start, r.len, MAX_ADDRESS
+                ));
+            };
+            spans.push((start, end));
+        }
+        spans.sort_unstable();
+        if let Some(w) = spans.windows(2).find(|w| w[1].0 < w[0].1) {
+            return invalid(format!(
+                "ranges at {} and {} overlap",
+                HostVirtAddr::new(w[0].0),
+                HostVirtAddr::new(w[1].0)
+            ));
+        }
         match (&self.qmp, self.pid, self.ranges.is_empty()) {
             (Some(_), _, true) | (None, Some(_), false) => Ok(()),
             (Some(_), _, false) => Err(Error::Invalid(format!(
@@ -168,8 +244,40 @@ impl Config {
 
     fn validate(&self) -> Result<(), Error> {
         let d = &self.daemon;
-        if d.interval_ms == 0 {
-            return Err(Error::Invalid("interval_ms must be positive".into()));
+        let bounds: [(&str, u64, RangeInclusive<u64>, &str); 4] = [
+            ("interval_ms", d.interval_ms, INTERVAL_MS, " ms"),
+            (
+                "rate_limit_mbps",
+                d.rate_limit_mbps,
+                RATE_LIMIT_MBPS,
+                " MB/s",
+            ),
+            ("refresh_ticks", d.refresh_ticks, REFRESH_TICKS, ""),
+            ("kmod_workers", d.kmod_workers.into(), KMOD_WORKERS, ""),
+        ];
+        for (key, value, range, unit) in bounds {
+            if !range.contains(&value) {
+                return Err(Error::Invalid(format!(
+                    "{key} {value} is out of range: {}{unit} to {}{unit}",
+                    range.start(),
+                    range.end()
+                )));
+            }
+        }
+        for (key, node) in [("fast_node", d.fast_node), ("slow_node", d.slow_node)] {
+            if node.raw() >= MAX_NODES {
+                return Err(Error::Invalid(format!(
+                    "{key} {node} is not a node id (0 to {})",
+                    MAX_NODES - 1
+                )));
+            }
+        }
+        let sock = d.socket.as_os_str().len();
+        if d.socket.file_name().is_none() || sock > MAX_SOCKET_PATH {
+            return Err(Error::Invalid(format!(
+                "socket {:?}: give a file path of at most {MAX_SOCKET_PATH} bytes",
+                d.socket
+            )));
         }
         if d.fast_node == d.slow_node {
             return Err(Error::Invalid(format!(
@@ -177,26 +285,11 @@ impl Config {
                 d.fast_node
             )));
         }
-        if !["auto", "move_pages", "kmod"].contains(&d.migrator.as_str()) {
-            return Err(Error::Invalid(format!(
-                "migrator {:?}: expected auto, move_pages or kmod",
-                d.migrator
-            )));
-        }
-        d.kmod_engine
-            .parse::<vmtier_migrate::kmod::Engine>()
-            .map_err(|e| Error::Invalid(format!("kmod_engine: {e}")))?;
-        if !["auto", "damon-vaddr", "soft-dirty"].contains(&d.source.as_str()) {
-            return Err(Error::Invalid(format!(
-                "source {:?}: expected auto, damon-vaddr or soft-dirty",
-                d.source
-            )));
-        }
         self.build_policy().map_err(|e| {
             let detail = std::error::Error::source(&e)
                 .map(|s| format!(": {s}"))
                 .unwrap_or_default();
-            Error::Invalid(format!("{e}{detail}"))
+            Error::Invalid(flat(&format!("{e}{detail}")))
         })?;
         let mut names: Vec<&VmId> = self.vms.iter().map(|v| &v.name).collect();
         names.sort();
@@ -209,16 +302,34 @@ impl Config {
 
 /// A TOML error as one line: `line 2, column 1: unknown field ...`.
 fn one_line(text: &str, e: &toml::de::Error) -> String {
-    let msg = e.message().trim_end().replace('\n', " ");
+    let msg = flat(e.message());
     match e.span() {
         Some(span) => {
-            let before = &text[..span.start.min(text.len())];
+            let mut at = span.start.min(text.len());
+            while !text.is_char_boundary(at) {
+                at -= 1;
+            }
+            let before = &text[..at];
             let line = before.matches('\n').count() + 1;
             let column = before.len() - before.rfind('\n').map_or(0, |i| i + 1) + 1;
             format!("line {line}, column {column}: {msg}")
         }
         None => msg,
     }
+}
+
+/// A message on one line, for the log: line breaks become spaces, other control characters
+/// (from the file's own text, such as a policy name) are escaped.
+fn flat(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    for c in s.trim_end().chars() {
+        match c {
+            '\n' => out.push(' '),
+            c if c.is_control() => out.extend(c.escape_default()),
+            c => out.push(c),
+        }
+    }
+    out
 }
 
 /// Addresses as `"0x7f..."` strings (or plain integers) in TOML.
@@ -297,21 +408,110 @@ mod tests {
             ("[daemon]\ngranule = \"3M\"\n", "granule"),
             ("[daemon]\ngranule = \"lots\"\n", "Invalid size"),
             ("[daemon]\nfast_node = 1\n", "both 1"),
-            ("[daemon]\nsource = \"magic\"\n", "source"),
-            ("[daemon]\nmigrator = \"teleport\"\n", "migrator"),
-            ("[daemon]\nkmod_engine = \"gpu\"\n", "kmod_engine"),
+            ("[daemon]\nsource = \"magic\"\n", "line 2, column 10: unknown variant `magic`, expected one of `auto`, `damon`, `damon-vaddr`, `soft-dirty`"),
+            ("[daemon]\nmigrator = \"teleport\"\n", "line 2, column 12: unknown variant `teleport`, expected one of `auto`, `move_pages`, `kmod`"),
+            ("[daemon]\nkmod_engine = \"gpu\"\n", "line 2, column 15: unknown variant `gpu`, expected one of `auto`, `cpu`, `dma`"),
+            ("[daemon]\nkmod_engine = 1\n", "line 2, column 15"),
+            ("[daemon]\ninterval_ms = 0\n", "interval_ms 0 is out of range: 10 ms to 3600000 ms"),
+            ("[daemon]\ninterval_ms = 9\n", "interval_ms 9 is out of range"),
+            ("[daemon]\ninterval_ms = 3600001\n", "interval_ms 3600001 is out of range"),
+            ("[daemon]\ninterval_ms = 9223372036854775807\n", "interval_ms 9223372036854775807 is out of range"),
+            ("[daemon]\ninterval_ms = -1\n", "line 2, column 15"),
+            ("[daemon]\nrate_limit_mbps = 0\n", "rate_limit_mbps 0 is out of range: 1 MB/s to 1000000 MB/s"),
+            ("[daemon]\nrate_limit_mbps = 18446744073709\n", "rate_limit_mbps 18446744073709 is out of range"),
+            ("[daemon]\nrefresh_ticks = 1000001\n", "refresh_ticks 1000001 is out of range: 0 to 1000000"),
+            ("[daemon]\nkmod_workers = 65\n", "kmod_workers 65 is out of range: 0 to 64"),
+            ("[daemon]\nkmod_workers = 4294967296\n", "line 2, column 16"),
+            ("[daemon]\nfast_node = 1024\nslow_node = 0\n", "fast_node 1024 is not a node id (0 to 1023)"),
+            ("[daemon]\nslow_node = 4294967295\n", "slow_node 4294967295 is not a node id"),
+            ("[daemon]\nsocket = \"/\"\n", "socket \"/\": give a file path"),
+            (&format!("[daemon]\nsocket = \"/{}\"\n", "s".repeat(107)), "at most 107 bytes"),
             ("[daemon]\npolicy = \"nope\"\n", "Unknown policy nope"),
+            // Found by the config fuzz target: the name's line break reached the log.
+            ("[daemon]\npolicy = \"a\\nb\\u001b[2J\"\n", "Unknown policy a b\\u{1b}[2J"),
             ("[daemon.policy_params]\nswap_margn = 1\n", "unknown field"),
             ("[[vm]]\nname = \"a\"\nbudget = \"1G\"\n", "give qmp"),
             ("[[vm]]\nname = \"a b\"\nbudget = \"1G\"\nqmp = \"/x\"\n", "Invalid VM name"),
             ("[[vm]]\nname = \"a\"\nbudget = \"1G\"\nqmp = \"/x\"\npid = 3\nranges = [{ start = \"0x1000\", len = \"4K\" }]\n", "not with qmp"),
             ("[[vm]]\nname = \"a\"\nbudget = \"1G\"\npid = 3\n", "needs ranges"),
+            ("[[vm]]\nname = \"a\"\nbudget = \"1G\"\npid = 0\nranges = [{ start = \"0x1000\", len = \"4K\" }]\n", "VM a: pid 0 is not a process id"),
+            ("[[vm]]\nname = \"a\"\nbudget = \"1G\"\npid = -7\nranges = [{ start = \"0x1000\", len = \"4K\" }]\n", "VM a: pid -7 is not a process id"),
+            ("[[vm]]\nname = \"a\"\nbudget = \"1G\"\nqmp = \"/x\"\npid = 0\n", "VM a: pid 0"),
+            ("[[vm]]\nname = \"a\"\nbudget = \"1G\"\npid = 2147483648\nranges = []\n", "line 4, column 7"),
+            ("[[vm]]\nname = \"a\"\nbudget = \"1025T\"\nqmp = \"/x\"\n", "VM a: budget 1025 TiB is above the largest, 1024 TiB"),
+            ("[[vm]]\nname = \"a\"\nbudget = \"1G\"\npid = 3\nranges = [{ start = \"0xfffffffffffff000\", len = \"8K\" }]\n", "ends beyond any process's address space (0x200000000000000)"),
+            ("[[vm]]\nname = \"a\"\nbudget = \"1G\"\npid = 3\nranges = [{ start = \"0x1000\", len = \"16000000T\" }]\n", "ends beyond"),
+            ("[[vm]]\nname = \"a\"\nbudget = \"1G\"\npid = 3\nranges = [{ start = \"0x1000\", len = 0 }]\n", "empty or not 4 KiB aligned"),
+            ("[[vm]]\nname = \"a\"\nbudget = \"1G\"\npid = 3\nranges = [{ start = \"0x1001\", len = \"4K\" }]\n", "not 4 KiB aligned"),
+            ("[[vm]]\nname = \"a\"\nbudget = \"1G\"\npid = 3\nranges = [{ start = \"0x10000\", len = \"8K\" }, { start = \"0x11000\", len = \"4K\" }]\n", "ranges at 0x10000 and 0x11000 overlap"),
             ("[[vm]]\nname = \"a\"\nbudget = \"1G\"\npid = 3\nranges = [{ start = \"7f\", len = \"1M\" }]\n", "0x"),
             ("[[vm]]\nname = \"a\"\nbudget = \"1G\"\nqmp = \"/x\"\n[[vm]]\nname = \"a\"\nbudget = \"1G\"\nqmp = \"/y\"\n", "twice"),
         ];
         for (text, want) in cases {
             let err = Config::parse(text).unwrap_err().to_string();
+            assert!(!err.chars().any(char::is_control), "one line: {err:?}");
             assert!(err.contains(want), "{text:?}: {err}");
+        }
+    }
+
+    #[test]
+    fn bounds_and_names_that_users_write_are_accepted() {
+        type Check = fn(&Config) -> bool;
+        let cases: [(&str, Check); 12] = [
+            ("interval_ms = 10", |c| c.daemon.interval_ms == 10),
+            ("interval_ms = 3600000", |c| {
+                c.daemon.interval_ms == 3_600_000
+            }),
+            ("rate_limit_mbps = 1", |c| c.daemon.rate_limit_mbps == 1),
+            ("rate_limit_mbps = 1000000", |c| {
+                c.daemon.rate_limit_mbps == 1_000_000
+            }),
+            ("refresh_ticks = 0", |c| c.daemon.refresh_ticks == 0),
+            ("kmod_workers = 64", |c| c.daemon.kmod_workers == 64),
+            ("fast_node = 1023", |c| c.daemon.fast_node.raw() == 1023),
+            ("source = \"damon\"", |c| {
+                c.daemon.source == Choice::Force(vmtier_sources::SourceKind::DamonVaddr)
+            }),
+            ("source = \"soft-dirty\"", |c| {
+                c.daemon.source == Choice::Force(vmtier_sources::SourceKind::SoftDirty)
+            }),
+            ("migrator = \"move_pages\"", |c| {
+                c.daemon.migrator == MigratorChoice::MovePages
+            }),
+            ("migrator = \"kmod\"", |c| {
+                c.daemon.migrator == MigratorChoice::Kmod
+            }),
+            ("kmod_engine = \"dma\"", |c| {
+                c.daemon.kmod_engine == CopyEngine::Dma
+            }),
+        ];
+        for (line, check) in cases {
+            let cfg = Config::parse(&format!("[daemon]\n{line}\n")).unwrap();
+            assert!(check(&cfg), "{line}");
+        }
+        let vm = "[[vm]]\nname = \"big\"\nbudget = \"1024T\"\npid = 1\n\
+                  ranges = [{ start = \"0x1000\", len = \"4K\" }, { start = \"0x2000\", len = \"4K\" }]\n";
+        assert_eq!(
+            Config::parse(vm).unwrap().vms[0].budget,
+            ByteSize(MAX_BUDGET)
+        );
+    }
+
+    #[test]
+    fn names_serialize_as_written() {
+        let d = DaemonConfig {
+            source: Choice::Force(vmtier_sources::SourceKind::SoftDirty),
+            migrator: MigratorChoice::MovePages,
+            kmod_engine: CopyEngine::Cpu,
+            ..DaemonConfig::default()
+        };
+        let text = toml::to_string(&d).unwrap();
+        for want in [
+            "source = \"soft-dirty\"",
+            "migrator = \"move_pages\"",
+            "kmod_engine = \"cpu\"",
+        ] {
+            assert!(text.contains(want), "{want} in {text}");
         }
     }
 

@@ -9,11 +9,11 @@ use vmtier_backends::qemu::QemuBackend;
 use vmtier_core::backend::VmBackend;
 use vmtier_core::migrate::Migrator;
 use vmtier_core::GuestMemoryLayout;
-use vmtier_migrate::kmod::{Combined, Engine, Kmod, KmodConfig};
+use vmtier_migrate::kmod::{Combined, Kmod, KmodConfig};
 use vmtier_migrate::MovePages;
-use vmtier_sources::{Choice, SelectOptions};
+use vmtier_sources::SelectOptions;
 
-use crate::config::{Config, VmConfig};
+use crate::config::{Config, MigratorChoice, VmConfig};
 use crate::engine::{SourceFactory, VmParts};
 
 /// How long QMP may take to answer.
@@ -26,13 +26,13 @@ pub fn build(cfg: &Config, vm: &VmConfig) -> Result<VmParts, String> {
         (Some(sock), pid) => {
             Box::new(QemuBackend::connect_to(sock, QMP_TIMEOUT, pid).map_err(|e| err(&e))?)
         }
-        (None, Some(pid)) => Box::new(PidBackend::new(
-            pid,
-            vm.ranges.iter().map(|r| (r.start, r.len.0)).collect(),
-        )),
+        (None, Some(pid)) => Box::new(
+            PidBackend::new(pid, vm.ranges.iter().map(|r| (r.start, r.len.0)).collect())
+                .map_err(|e| err(&e))?,
+        ),
         (None, None) => return Err("no backend (qmp or pid)".into()),
     };
-    let choice: Choice = cfg.daemon.source.parse().map_err(|e| err(&e))?;
+    let choice = cfg.daemon.source;
     let source: SourceFactory = Box::new(move |layout: &GuestMemoryLayout| {
         let opts = SelectOptions {
             choice,
@@ -52,18 +52,18 @@ pub fn build(cfg: &Config, vm: &VmConfig) -> Result<VmParts, String> {
 /// The migrator `[daemon] migrator` asks for, and a log line saying what it is.
 pub fn migrator(cfg: &Config) -> Result<(Box<dyn Migrator>, String), String> {
     let d = &cfg.daemon;
-    let engine: Engine = d.kmod_engine.parse()?;
+    let engine = d.kmod_engine;
     let kcfg = KmodConfig {
         engine,
         workers: d.kmod_workers,
         batch: 0,
     };
-    match d.migrator.as_str() {
-        "move_pages" => Ok((
+    match d.migrator {
+        MigratorChoice::MovePages => Ok((
             Box::new(MovePages::default()),
             "migrator: move_pages(2)".into(),
         )),
-        "kmod" => {
+        MigratorChoice::Kmod => {
             let k = Kmod::open(kcfg)
                 .map_err(|e| format!("migrator kmod: {}", vmtier_core::error_chain(&e)))?;
             let m = Combined::with_kmod(Some(k), MovePages::default());
@@ -75,7 +75,7 @@ pub fn migrator(cfg: &Config) -> Result<(Box<dyn Migrator>, String), String> {
                 ),
             ))
         }
-        _ => {
+        MigratorChoice::Auto => {
             let m = Combined::new(kcfg, vmtier_migrate::move_pages::DEFAULT_BATCH, false);
             let line = if m.has_kmod() {
                 format!(

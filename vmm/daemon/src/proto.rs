@@ -11,7 +11,53 @@
 use serde::{Deserialize, Serialize};
 use vmtier_core::{ByteSize, NodeId, VmId};
 
-use crate::config::VmConfig;
+use crate::config::{self, VmConfig};
+
+/// Longest request line in bytes, without its newline. The server never buffers more.
+pub const MAX_REQUEST_LINE: usize = 64 << 10;
+
+/// Why a request line was refused.
+#[derive(Debug, thiserror::Error)]
+pub enum DecodeError {
+    /// The line is longer than [`MAX_REQUEST_LINE`].
+    #[error("Request longer than {MAX_REQUEST_LINE} bytes")]
+    TooLong,
+    /// Not UTF-8 JSON, or not one of the requests.
+    #[error("Invalid request")]
+    Json(#[source] serde_json::Error),
+    /// Well-formed, but a value is out of bounds (the configuration's checks).
+    #[error("Invalid request: {0}")]
+    Invalid(String),
+}
+
+/// Decodes one request line (without its newline): `Ok(None)` for a blank line, else the
+/// request, checked as the configuration is (a VM to attach must be a valid `[[vm]]`, a
+/// budget at most [`config::MAX_BUDGET`]). The server calls it for every line it reads; the
+/// `control` fuzz target calls it with arbitrary bytes. Never panics, allocates in
+/// proportion to the line.
+pub fn decode_request(line: &[u8]) -> Result<Option<Request>, DecodeError> {
+    if line.len() > MAX_REQUEST_LINE {
+        return Err(DecodeError::TooLong);
+    }
+    if line.iter().all(u8::is_ascii_whitespace) {
+        return Ok(None);
+    }
+    let req: Request = serde_json::from_slice(line).map_err(DecodeError::Json)?;
+    match &req {
+        Request::Attach { vm } => vm.validate().map_err(|e| match e {
+            config::Error::Invalid(reason) => DecodeError::Invalid(reason),
+            e => DecodeError::Invalid(e.to_string()),
+        })?,
+        Request::SetBudget { vm, budget } if budget.0 > config::MAX_BUDGET => {
+            return Err(DecodeError::Invalid(format!(
+                "budget {budget} for {vm} is above the largest, {}",
+                ByteSize(config::MAX_BUDGET)
+            )));
+        }
+        _ => {}
+    }
+    Ok(Some(req))
+}
 
 /// A request.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -189,6 +235,35 @@ mod tests {
                 let back: Request =
                     serde_json::from_str(&serde_json::to_string(&r).unwrap()).unwrap();
                 assert_eq!(back, r);
+            }
+        }
+    }
+
+    #[test]
+    fn request_lines_are_decoded_and_checked() {
+        let long = format!("{{\"cmd\":\"list\"}}{}", " ".repeat(MAX_REQUEST_LINE));
+        type Want = Result<Option<Request>, &'static str>;
+        let cases: [(&[u8], Want); 10] = [
+            (b"", Ok(None)),
+            (b" \t\r", Ok(None)),
+            (br#"{"cmd":"list"}"#, Ok(Some(Request::List {}))),
+            (br#" {"cmd":"list"} "#, Ok(Some(Request::List {}))),
+            (b"\xff\xfe", Err("Invalid request")),
+            (br#"{"cmd":"set-budget","vm":"a","budget":"1025T"}"#, Err("Invalid request: budget 1025 TiB for a is above the largest, 1024 TiB")),
+            (br#"{"cmd":"attach","vm":{"name":"a","budget":"1G","pid":0,"ranges":[{"start":4096,"len":4096}]}}"#, Err("Invalid request: VM a: pid 0 is not a process id")),
+            (br#"{"cmd":"attach","vm":{"name":"a","budget":"1G"}}"#, Err("Invalid request: VM a: give qmp")),
+            (br#"{"cmd":"attach","vm":{"name":"a","budget":"1G","qmp":"/q"}}"#, Ok(Some(Request::Attach { vm: VmConfig { name: "a".parse().unwrap(), budget: ByteSize(1 << 30), qmp: Some("/q".into()), pid: None, ranges: vec![] } }))),
+            (long.as_bytes(), Err("Request longer than 65536 bytes")),
+        ];
+        for (line, want) in cases {
+            let got = decode_request(line);
+            match (&got, want) {
+                (Ok(g), Ok(w)) => assert_eq!(g, &w, "{line:?}"),
+                (Err(e), Err(w)) => {
+                    let msg = vmtier_core::error_chain(e);
+                    assert!(msg.starts_with(w), "{msg} vs {w}");
+                }
+                _ => panic!("{:?}: {got:?}", String::from_utf8_lossy(line)),
             }
         }
     }

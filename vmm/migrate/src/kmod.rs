@@ -13,6 +13,7 @@ use std::os::fd::AsRawFd;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
+use serde::{Deserialize, Serialize};
 use vmtier_core::migrate::{Error, MigrationReport, Migrator, PageOutcome, PageRef};
 use vmtier_core::{Backing, GuestMemoryLayout, HostVirtAddr, NodeId, PageSize, ProcessId};
 
@@ -22,9 +23,11 @@ use crate::uapi;
 /// Where the module's device appears.
 pub const DEVICE: &str = "/dev/vmtier";
 
-/// The copy engine the module uses.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
-pub enum Engine {
+/// The copy engine the module uses (`[daemon] kmod_engine`: `"auto"`, `"cpu"`, `"dma"`).
+/// Not to be confused with vmtierd's `Engine`, the tick loop.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum CopyEngine {
     /// The module picks per batch (DMA for large batches when channels exist).
     #[default]
     Auto,
@@ -34,7 +37,7 @@ pub enum Engine {
     Dma,
 }
 
-impl Engine {
+impl CopyEngine {
     fn raw(self) -> u64 {
         match self {
             Self::Auto => uapi::ENGINE_AUTO,
@@ -61,7 +64,7 @@ impl Engine {
     }
 }
 
-impl std::str::FromStr for Engine {
+impl std::str::FromStr for CopyEngine {
     type Err = String;
 
     fn from_str(s: &str) -> Result<Self, Self::Err> {
@@ -78,7 +81,7 @@ impl std::str::FromStr for Engine {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct KmodConfig {
     /// Copy engine.
-    pub engine: Engine,
+    pub engine: CopyEngine,
     /// CPU threads or DMA channels; 0 for the module's default.
     pub workers: u32,
     /// Base pages per batch (mmap_lock is held per batch); 0 for the module's default.
@@ -88,7 +91,7 @@ pub struct KmodConfig {
 impl Default for KmodConfig {
     fn default() -> Self {
         Self {
-            engine: Engine::Auto,
+            engine: CopyEngine::Auto,
             workers: 0,
             batch: 0,
         }
@@ -101,7 +104,7 @@ pub struct Capabilities {
     /// ABI version.
     pub abi_version: u64,
     /// Engines usable now.
-    pub engines: Vec<Engine>,
+    pub engines: Vec<CopyEngine>,
     /// Most ranges per call.
     pub max_ranges: u64,
     /// Most base pages per batch.
@@ -154,8 +157,8 @@ impl RangeResult {
 pub struct KmodReport {
     /// One result per range, in request order.
     pub ranges: Vec<RangeResult>,
-    /// Engine of the last batch that copied.
-    pub engine_used: Option<Engine>,
+    /// Copy engine of the last batch that copied.
+    pub engine_used: Option<CopyEngine>,
     /// Threads or channels of that batch.
     pub workers_used: u64,
     /// Pages whose DMA copy failed and that the CPU copied.
@@ -275,7 +278,7 @@ impl Kmod {
         // SAFETY: IOC_QUERY takes a VmtierQuery, which lives across the call.
         unsafe { self.raw_ioctl(uapi::IOC_QUERY, &mut q) }.map_err(KmodError::Ioctl)?;
         let mut engines = Vec::new();
-        for e in [Engine::Auto, Engine::Cpu, Engine::Dma] {
+        for e in [CopyEngine::Auto, CopyEngine::Cpu, CopyEngine::Dma] {
             if q.engines & (1 << e.raw()) != 0 {
                 engines.push(e);
             }
@@ -351,7 +354,7 @@ impl Kmod {
                 failed: r.failed,
             }));
             if m.engine_used != 0 {
-                report.engine_used = Some(Engine::from_raw(m.engine_used));
+                report.engine_used = Some(CopyEngine::from_raw(m.engine_used));
                 report.workers_used = m.workers_used;
             }
             report.dma_fallbacks += m.dma_fallbacks;
@@ -643,9 +646,14 @@ mod tests {
 
     #[test]
     fn engine_names_round_trip() {
-        for e in [Engine::Auto, Engine::Cpu, Engine::Dma] {
-            assert_eq!(e.name().parse::<Engine>(), Ok(e));
-            assert_eq!(Engine::from_raw(e.raw()), e);
+        for e in [CopyEngine::Auto, CopyEngine::Cpu, CopyEngine::Dma] {
+            assert_eq!(e.name().parse::<CopyEngine>(), Ok(e));
+            assert_eq!(CopyEngine::from_raw(e.raw()), e);
+            // The configuration's spelling is the same name.
+            let json = format!("\"{}\"", e.name());
+            assert_eq!(serde_json::to_string(&e).unwrap(), json);
+            assert_eq!(serde_json::from_str::<CopyEngine>(&json).unwrap(), e);
         }
+        assert!(serde_json::from_str::<CopyEngine>("\"gpu\"").is_err());
     }
 }

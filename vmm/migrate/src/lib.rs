@@ -10,5 +10,5 @@ pub mod kmod;
 pub mod move_pages;
 pub mod uapi;
 
-pub use kmod::{Combined, Engine, Kmod, KmodConfig};
+pub use kmod::{Combined, CopyEngine, Kmod, KmodConfig};
 pub use move_pages::{query_nodes, MovePages, NodeQuery, Residency};

@@ -13,6 +13,7 @@
 use std::fmt;
 use std::str::FromStr;
 
+use serde::{Deserialize, Serialize};
 use vmtier_core::hotness::{self, HotnessSource};
 use vmtier_core::GuestMemoryLayout;
 
@@ -61,14 +62,47 @@ impl SourceKind {
     }
 }
 
-/// What the configuration asks for.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
+/// What the configuration asks for (`[daemon] source`). In a configuration it is one of the
+/// strings `"auto"`, `"damon-vaddr"` (or `"damon"`) and `"soft-dirty"`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default, Serialize, Deserialize)]
+#[serde(from = "ChoiceName", into = "ChoiceName")]
 pub enum Choice {
     /// The best source that works (DAMON, then soft-dirty).
     #[default]
     Auto,
     /// Exactly this source, or an error.
     Force(SourceKind),
+}
+
+/// How a [`Choice`] is spelt in a configuration; an unknown name fails with the list of
+/// known ones (serde's "unknown variant" message).
+#[derive(Clone, Copy, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+enum ChoiceName {
+    Auto,
+    #[serde(alias = "damon")]
+    DamonVaddr,
+    SoftDirty,
+}
+
+impl From<ChoiceName> for Choice {
+    fn from(n: ChoiceName) -> Self {
+        match n {
+            ChoiceName::Auto => Choice::Auto,
+            ChoiceName::DamonVaddr => Choice::Force(SourceKind::DamonVaddr),
+            ChoiceName::SoftDirty => Choice::Force(SourceKind::SoftDirty),
+        }
+    }
+}
+
+impl From<Choice> for ChoiceName {
+    fn from(c: Choice) -> Self {
+        match c {
+            Choice::Auto => ChoiceName::Auto,
+            Choice::Force(SourceKind::DamonVaddr) => ChoiceName::DamonVaddr,
+            Choice::Force(SourceKind::SoftDirty) => ChoiceName::SoftDirty,
+        }
+    }
 }
 
 impl FromStr for Choice {
@@ -239,6 +273,14 @@ mod tests {
         ];
         for (s, want) in cases {
             assert_eq!(s.parse::<Choice>().ok(), want, "{s:?}");
+            // A configuration spells it the same way.
+            let de: Result<Choice, serde::de::value::Error> =
+                Choice::deserialize(serde::de::IntoDeserializer::into_deserializer(s));
+            assert_eq!(de.ok(), want, "serde {s:?}");
+            if let Some(c) = want {
+                let name: ChoiceName = c.into();
+                assert_eq!(Choice::from(name), c);
+            }
         }
         assert_eq!(
             Choice::Force(SourceKind::SoftDirty).to_string(),

@@ -52,6 +52,14 @@ fn node_bytes(node: NodeId) -> Result<u64, String> {
         .ok_or_else(|| format!("Node {node} has no memory"))
 }
 
+/// `t + d`, or the latest representable instant instead of a panic. The config bounds
+/// `interval_ms` to an hour, so this only matters if those bounds are ever lifted.
+fn after(t: Instant, d: Duration) -> Instant {
+    t.checked_add(d)
+        .or_else(|| t.checked_add(Duration::from_secs(3600)))
+        .unwrap_or(t)
+}
+
 fn main() -> ExitCode {
     env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("info")).init();
     let args = Args::parse();
@@ -119,10 +127,13 @@ fn main() -> ExitCode {
     }
 
     let (tx, rx) = mpsc::channel::<server::Call>();
-    if let Err(e) = server::spawn(&cfg.daemon.socket, tx) {
-        error!("{}", chain(&e));
-        return ExitCode::from(2);
-    }
+    let server = match server::spawn(&cfg.daemon.socket, tx) {
+        Ok(s) => s,
+        Err(e) => {
+            error!("{}", chain(&e));
+            return ExitCode::from(2);
+        }
+    };
     // SAFETY: the handler only stores to an atomic, which is async-signal-safe.
     unsafe {
         let handler = on_signal as extern "C" fn(libc::c_int) as libc::sighandler_t;
@@ -137,15 +148,15 @@ fn main() -> ExitCode {
     );
 
     let interval = Duration::from_millis(cfg.daemon.interval_ms);
-    let mut next = Instant::now() + interval;
+    let mut next = after(Instant::now(), interval);
     let mut build = |vm: &vmtier_daemon::config::VmConfig| parts::build(&cfg, vm);
     while !STOP.load(Ordering::Relaxed) {
         let now = Instant::now();
         if now >= next {
             engine.tick();
-            next += interval;
+            next = after(next, interval);
             if next < now {
-                next = now + interval;
+                next = after(now, interval);
             }
             continue;
         }
@@ -162,6 +173,31 @@ fn main() -> ExitCode {
     for name in engine.vm_names() {
         let _ = engine.detach(&name);
     }
-    let _ = std::fs::remove_file(&cfg.daemon.socket);
+    server.remove();
     ExitCode::SUCCESS
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn deadlines_never_overflow() {
+        let now = Instant::now();
+        let cases = [
+            (
+                Duration::from_millis(1000),
+                Some(Duration::from_millis(1000)),
+            ),
+            (Duration::from_millis(u64::MAX), None),
+            (Duration::MAX, None),
+        ];
+        for (d, want) in cases {
+            let t = after(now, d);
+            assert!(t >= now, "{d:?}");
+            if let Some(w) = want {
+                assert_eq!(t - now, w);
+            }
+        }
+    }
 }
