@@ -80,7 +80,9 @@ impl PlacementPolicy for Damos {
 
     fn plan(&mut self, input: &PolicyInput<'_>) -> Plan {
         let samples = u32::from(input.max_observed.max(1));
-        let hot_min = (samples * self.cfg.hot_min_permille).div_ceil(1000).max(1);
+        let hot_min = (samples * self.cfg.hot_min_permille.min(1000))
+            .div_ceil(1000)
+            .max(1);
         let mut hot: Vec<&Region> = input
             .regions
             .iter()
@@ -95,7 +97,10 @@ impl PlacementPolicy for Damos {
         cold.sort_by_key(|r| (r.nr_accesses, std::cmp::Reverse(r.age)));
 
         let fast_used = input.fast_used();
-        let goal = input.fast_budget * u64::from(self.cfg.goal_permille.min(1000)) / 1000;
+        let goal = input
+            .fast_budget
+            .saturating_mul(u64::from(self.cfg.goal_permille.min(1000)))
+            / 1000;
         // The hot scheme's share of the moves, its fraction carried from tick to tick so an
         // odd move alternates between the schemes.
         let share = |t: u64| {

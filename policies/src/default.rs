@@ -133,7 +133,10 @@ impl PlacementPolicy for DefaultPolicy {
             demote_below: BUCKETS as u8,
             demote_cold_always: false,
             min_move_age: self.cfg.min_move_age,
-            headroom: input.fast_budget * u64::from(self.cfg.headroom_permille.min(1000)) / 1000,
+            headroom: input
+                .fast_budget
+                .saturating_mul(u64::from(self.cfg.headroom_permille.min(1000)))
+                / 1000,
         };
         let use_hints = self.cfg.hot_hint_heat > 0 && !input.hints.is_empty();
         if !use_hints {

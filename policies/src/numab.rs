@@ -175,7 +175,8 @@ impl PlacementPolicy for NumaBalancing {
     fn plan(&mut self, input: &PolicyInput<'_>) -> Plan {
         let limit = rate_limit_granules(input, self.cfg.promote_rate_limit_mb_s, self.cfg.tick_ms);
         let budget = input.fast_budget;
-        let headroom = budget * u64::from(self.cfg.free_headroom_permille) / 1000;
+        let headroom =
+            budget.saturating_mul(u64::from(self.cfg.free_headroom_permille.min(1000))) / 1000;
         let gib = (1u64 << 30) / input.granule_bytes.max(1);
         let plenty = gib.max(budget / 16).saturating_add(headroom);
         let mut free = budget.saturating_sub(input.fast_used());

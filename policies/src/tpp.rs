@@ -86,7 +86,10 @@ impl PlacementPolicy for Tpp {
                 promote.push(f.granule);
             }
         }
-        let headroom = input.fast_budget * u64::from(self.cfg.demote_watermark_permille) / 1000;
+        let headroom = input
+            .fast_budget
+            .saturating_mul(u64::from(self.cfg.demote_watermark_permille.min(1000)))
+            / 1000;
         let plan = make_room(input, promote, headroom);
         // Only a page that really moves leaves the slow tier's active list.
         for g in &plan.promote {

@@ -592,6 +592,9 @@ fn locate_granules(
             }
         }
         locs.clear();
+        if vm.parts.backend.process_alive() == Some(false) {
+            return Err(MigrateError::ProcessGone(vm.layout.pid));
+        }
         locator.locate(vm.layout.pid, &addrs, &mut locs)?;
         let mut at = 0;
         for &(g, end) in &ends {
@@ -671,6 +674,9 @@ fn tick_vm(
     vm.store.tick();
     vm.reports.clear();
     let name = vm.name.to_string();
+    // Every use of the pid below is preceded by this check (the backend holds a pidfd):
+    // a pid that now names another process is never observed or migrated.
+    alive(vm)?;
     match vm.parts.source.collect(&mut vm.reports) {
         Ok(()) => {
             vm.store.observe(&vm.reports);
@@ -894,6 +900,14 @@ fn account_bytes(vm: &mut Vm, target: Tier, pages: u64) {
     }
 }
 
+/// `Err` once the VMM process has exited (its pid may name another process by now).
+fn alive(vm: &Vm) -> Result<(), Lost> {
+    match vm.parts.backend.process_alive() {
+        Some(false) => Err(Lost::ProcessExited),
+        _ => Ok(()),
+    }
+}
+
 /// One migrator call with its failures made visible. `Ok(None)`: the call failed as a whole
 /// (logged, counted, the VM degraded until a call succeeds).
 fn migrate(
@@ -903,6 +917,7 @@ fn migrate(
     node: NodeId,
 ) -> Result<Option<MigrationReport>, Lost> {
     let name = vm.name.to_string();
+    alive(vm)?;
     match migrator.migrate(vm.layout.pid, pages, node) {
         Ok(r) => {
             vm.problems.clear(&name, Component::Migrator);
@@ -1080,6 +1095,16 @@ mod tests {
     impl VmBackend for FakeBackend {
         fn describe(&self) -> String {
             "fake".into()
+        }
+        fn process_alive(&self) -> Option<bool> {
+            // A layout of pid 0 stands for "the process exited, its pid was reused".
+            let exited = self
+                .0
+                .lock()
+                .unwrap()
+                .as_ref()
+                .is_some_and(|l| l.pid.raw() == 0);
+            Some(!exited)
         }
         fn layout(&mut self) -> Result<GuestMemoryLayout, BackendError> {
             self.0
@@ -1408,6 +1433,30 @@ mod tests {
         }
         assert_eq!(e.status(&vm).unwrap().summary.total_bytes, 2 * len);
         assert_eq!(state(&e), "active");
+    }
+
+    #[test]
+    fn an_exited_process_is_never_migrated_even_if_its_pid_lives_on() {
+        let len = 64 * MIB;
+        let w = world(len);
+        let hot = Arc::new(Mutex::new((0, 8 * MIB)));
+        let layout: SharedLayout = Arc::new(Mutex::new(Some(one_range(7, len))));
+        let mut e = engine(&w, 1000);
+        let vm: VmId = "g".parse().unwrap();
+        e.attach(
+            vm.clone(),
+            ByteSize(16 * MIB),
+            parts_with(&w, 7, len, &hot, layout.clone()),
+        )
+        .unwrap();
+        // The pidfd says the process exited; pid 7 itself still "lives" in the fake world.
+        *layout.lock().unwrap() = Some(one_range(0, len));
+        let calls = w.lock().unwrap().calls;
+        e.tick();
+        assert_eq!(w.lock().unwrap().calls, calls, "nothing migrated");
+        assert_eq!(dram_bytes(&w), 0);
+        let st = e.status(&vm).unwrap().summary.state;
+        assert!(st.starts_with("failed: The VMM process exited"), "{st}");
     }
 
     #[test]
