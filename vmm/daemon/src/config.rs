@@ -8,6 +8,7 @@ use std::ops::RangeInclusive;
 use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
+use vmtier_core::policy::TrackingSource;
 use vmtier_core::{ByteSize, GranuleSize, HostVirtAddr, NodeId, ProcessId, VmId};
 use vmtier_migrate::kmod::CopyEngine;
 use vmtier_sources::Choice;
@@ -285,12 +286,29 @@ impl Config {
                 d.fast_node
             )));
         }
-        self.build_policy().map_err(|e| {
+        let policy = self.build_policy().map_err(|e| {
             let detail = std::error::Error::source(&e)
                 .map(|s| format!(": {s}"))
                 .unwrap_or_default();
             Error::Invalid(flat(&format!("{e}{detail}")))
         })?;
+        // vmtierd feeds its policy the store's records (heat from DAMON or soft-dirty);
+        // policies that plan from other observations would get none.
+        let needs = match policy.source() {
+            TrackingSource::AbitScan | TrackingSource::None => None,
+            TrackingSource::HintFaults => Some("NUMA hint faults"),
+            TrackingSource::Sampling => Some("IBS/PEBS samples"),
+            TrackingSource::DamonRegions => Some("DAMON regions"),
+            TrackingSource::SoftDirty => None,
+        };
+        if let Some(what) = needs {
+            return Err(Error::Invalid(format!(
+                "policy {} plans from {what}, which vmtierd does not feed it; it is a baseline \
+                 for vmtier-sim (vmtierd runs policies that read heat records: default, memtierd, \
+                 first-touch)",
+                policy.name()
+            )));
+        }
         let mut names: Vec<&VmId> = self.vms.iter().map(|v| &v.name).collect();
         names.sort();
         if let Some(w) = names.windows(2).find(|w| w[0] == w[1]) {
@@ -427,6 +445,8 @@ mod tests {
             ("[daemon]\nsocket = \"/\"\n", "socket \"/\": give a file path"),
             (&format!("[daemon]\nsocket = \"/{}\"\n", "s".repeat(107)), "at most 107 bytes"),
             ("[daemon]\npolicy = \"nope\"\n", "Unknown policy nope"),
+            ("[daemon]\npolicy = \"numab\"\n", "plans from NUMA hint faults"),
+            ("[daemon]\npolicy = \"memtis\"\n", "plans from IBS/PEBS samples"),
             // Found by the config fuzz target: the name's line break reached the log.
             ("[daemon]\npolicy = \"a\\nb\\u001b[2J\"\n", "Unknown policy a b\\u{1b}[2J"),
             ("[daemon.policy_params]\nswap_margn = 1\n", "unknown field"),
