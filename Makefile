@@ -6,7 +6,7 @@ TARGET := $(CURDIR)/target
 BIN := $(TARGET)/release
 GUEST := $(TARGET)/workload-guest/workload.elf
 
-.PHONY: all deps build guest demo test test-unit test-guest test-testbed lint testbed clean bench bench-policies kmod bench-kmod bench-e2e fuzz fuzz-short
+.PHONY: all deps build guest demo test test-unit test-guest test-testbed lint testbed clean bench bench-policies kmod bench-kmod bench-e2e fuzz fuzz-short soak
 
 all: build
 
@@ -91,3 +91,12 @@ bench-e2e: build
 	tests/testbed/run --quiet --timeout 600 -- $(BIN)/tbcheck bench-e2e --elf $(GUEST) --out $(TARGET)/bench/e2e.json; \
 	rc=$$?; run=$$(ls -td $(TARGET)/testbed/runs/*/ | head -n 1); \
 	sed -n '/^bench-e2e:/,/ passed, [0-9]* failed$$/p' $$run/console.log | grep -v '^\[ *[0-9.]*\]'; exit $$rc
+
+# Opt-in soak (not part of `make test`): vmtierd migrates >= 10^5 guest pages (move_pages and
+# the module, THP and 4 KiB) under a budget changed every 2-3 ticks while the guest writes;
+# zero corrupted words. Table + target/bench/soak.json (docs/testbed.md). SOAK_ARGS adds options;
+# vmtierd's per-tick plans (engine debug log) land in the run directory's soak/*/vmtierd.log.
+soak: build
+	RUST_LOG=$${RUST_LOG:-info,vmtier_daemon::engine=debug} tests/testbed/run --quiet --timeout 1800 -- $(BIN)/tbcheck soak --elf $(GUEST) --ko-dir $(TARGET)/kmod --out $(TARGET)/bench/soak.json $(SOAK_ARGS); \
+	rc=$$?; run=$$(ls -td $(TARGET)/testbed/runs/*/ | head -n 1); \
+	sed -n '/^soak: /,/ passed, [0-9]* failed$$/p' $$run/console.log | grep -v '^\[ *[0-9.]*\]' | grep -v '^  '; exit $$rc

@@ -12,6 +12,7 @@ mod kmod_bench;
 mod kmod_errors;
 mod mem;
 mod sanity;
+mod soak;
 mod sources;
 
 use std::process::ExitCode;
@@ -46,6 +47,9 @@ enum Cmd {
     KmodBench(kmod_bench::KmodBenchArgs),
     /// vmtierd vs NUMA balancing vs DAMOS on the same guest: table and JSON (figures only).
     BenchE2e(bench_e2e::BenchE2eArgs),
+    /// Soak: ≥ N page migrations by vmtierd (move_pages and the module, 4 KiB and THP)
+    /// under changing budgets while the guest writes; table and JSON, zero corruption.
+    Soak(soak::SoakArgs),
 }
 
 fn main() -> ExitCode {
@@ -61,6 +65,7 @@ fn main() -> ExitCode {
         Cmd::KmodBench(a) => kmod_bench::run(&mut c, &a),
         Cmd::BenchE2e(a) => bench_e2e::run(&mut c, &a),
         Cmd::Sources(a) => sources::run(&mut c, &a),
+        Cmd::Soak(a) => soak::run(&mut c, &a),
     }
     c.finish()
 }
