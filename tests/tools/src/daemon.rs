@@ -8,7 +8,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use vmtier_backends::qemu::QemuBackend;
-use vmtier_core::{ByteSize, GuestMemoryLayout, NodeId, PageSize};
+use vmtier_core::{ByteSize, NodeId, PageSize};
 use vmtier_daemon::proto::{Reply, Response, VmStatus};
 
 use crate::check::Checks;
@@ -272,16 +272,6 @@ impl Run<'_> {
     }
 }
 
-/// THP bytes in the mappings of the guest's RAM.
-fn guest_thp_bytes(layout: &GuestMemoryLayout) -> u64 {
-    let pid = layout.pid.to_string();
-    layout
-        .ranges
-        .iter()
-        .map(|r| crate::mem::anon_huge_bytes_at(&pid, r.hva.raw()))
-        .sum()
-}
-
 pub fn run(c: &mut Checks, a: &DaemonArgs) {
     let dir = std::env::var("VMTIER_RUN")
         .map_or_else(|_| std::env::temp_dir(), PathBuf::from)
@@ -376,7 +366,7 @@ pub fn run(c: &mut Checks, a: &DaemonArgs) {
     }
 
     if a.expect_4k {
-        let thp = guest_thp_bytes(&layout);
+        let thp = crate::mem::guest_thp_bytes(&layout);
         c.check(
             thp == 0,
             "the guest's RAM is on 4 KiB pages",

@@ -4,7 +4,7 @@ use std::fs;
 use std::time::Instant;
 
 use vmtier_core::migrate::{Migrator, PageOutcome, PageRef};
-use vmtier_core::{ByteSize, HostVirtAddr, NodeId, PageSize, ProcessId};
+use vmtier_core::{ByteSize, GuestMemoryLayout, HostVirtAddr, NodeId, PageSize, ProcessId};
 use vmtier_migrate::{MovePages, Residency};
 
 use crate::check::Checks;
@@ -160,6 +160,30 @@ pub fn anon_huge_bytes_at(pid: &str, addr: u64) -> u64 {
         }
     }
     0
+}
+
+/// THP bytes of the mappings that hold the guest's RAM, each mapping counted once (the
+/// RAM block's ranges below and above the PCI hole share one mapping).
+pub fn guest_thp_bytes(layout: &GuestMemoryLayout) -> u64 {
+    let pid = layout.pid.to_string();
+    let maps = fs::read_to_string(format!("/proc/{pid}/maps")).unwrap_or_default();
+    let mut starts: Vec<u64> = maps
+        .lines()
+        .filter_map(|l| {
+            let (s, e) = l.split_whitespace().next()?.split_once('-')?;
+            let (s, e) = (
+                u64::from_str_radix(s, 16).ok()?,
+                u64::from_str_radix(e, 16).ok()?,
+            );
+            layout
+                .ranges
+                .iter()
+                .any(|r| r.hva.raw() < e && s < r.hva.raw() + r.len)
+                .then_some(s)
+        })
+        .collect();
+    starts.dedup();
+    starts.iter().map(|&s| anon_huge_bytes_at(&pid, s)).sum()
 }
 
 impl Drop for AnonBuf {

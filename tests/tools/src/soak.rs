@@ -32,7 +32,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
 use vmtier_backends::qemu::QemuBackend;
-use vmtier_core::{ByteSize, GuestMemoryLayout, NodeId, PageSize, VmId};
+use vmtier_core::{ByteSize, NodeId, PageSize, VmId};
 use vmtier_daemon::proto::{Reply, Request, Response, VmStatus};
 use vmtier_migrate::NodeQuery;
 
@@ -40,7 +40,7 @@ use crate::check::{clock, Checks};
 use crate::daemon::Daemon;
 use crate::guest::{num, Guest, GuestPages};
 use crate::kmod::{kstat, sh};
-use crate::mem::{anon_huge_bytes_at, vmstat};
+use crate::mem::{guest_thp_bytes, vmstat};
 
 #[derive(clap::Args, Debug)]
 pub struct SoakArgs {
@@ -245,30 +245,6 @@ fn status(socket: &Path, vm: &VmId) -> Option<VmStatus> {
         Response::Ok(Reply::Status(st)) => Some(*st),
         _ => None,
     }
-}
-
-/// THP bytes of the mappings that hold the guest's RAM, each mapping counted once (the
-/// RAM block's ranges below and above the PCI hole share one mapping).
-fn guest_thp_bytes(layout: &GuestMemoryLayout) -> u64 {
-    let pid = layout.pid.to_string();
-    let maps = fs::read_to_string(format!("/proc/{pid}/maps")).unwrap_or_default();
-    let mut starts: Vec<u64> = maps
-        .lines()
-        .filter_map(|l| {
-            let (s, e) = l.split_whitespace().next()?.split_once('-')?;
-            let (s, e) = (
-                u64::from_str_radix(s, 16).ok()?,
-                u64::from_str_radix(e, 16).ok()?,
-            );
-            layout
-                .ranges
-                .iter()
-                .any(|r| r.hva.raw() < e && s < r.hva.raw() + r.len)
-                .then_some(s)
-        })
-        .collect();
-    starts.dedup();
-    starts.iter().map(|&s| anon_huge_bytes_at(&pid, s)).sum()
 }
 
 fn taint() -> u64 {
