@@ -444,6 +444,8 @@ impl Engine {
         )]
         let bytes_per_vm = (self.cfg.rate_limit_bytes_per_s as f64 * tick_s) as u64 / active;
         let max_moves = (bytes_per_vm / self.cfg.granule.bytes()).max(1);
+        // Each VM's share of the interval; moves beyond it wait for the next tick.
+        let share = self.cfg.interval / u32::try_from(active).unwrap_or(u32::MAX).max(1);
         for (name, vm) in &mut self.vms {
             if vm.failed.is_some() {
                 continue;
@@ -455,6 +457,7 @@ impl Engine {
                 self.locator.as_mut(),
                 vm,
                 max_moves,
+                t + share,
             ) {
                 let why = err_chain(&lost);
                 warn!("{name}: no longer managed: {why}");
@@ -668,6 +671,7 @@ fn tick_vm(
     locator: &mut dyn PageLocator,
     vm: &mut Vm,
     max_moves: u64,
+    deadline: Instant,
 ) -> Result<(), Lost> {
     vm.tick += 1;
     vm.metrics.ticks += 1;
@@ -737,14 +741,14 @@ fn tick_vm(
             vm.tick, e.invalid
         );
     }
-    let left_fast = move_granules(cfg, migrator, vm, &e.demote, Tier::Slow)?;
+    let left_fast = move_granules(cfg, migrator, vm, &e.demote, Tier::Slow, deadline)?;
     // Demotions that did not complete still hold DRAM: promote only into real room.
     let room = budget.saturating_sub(fast_used.saturating_sub(left_fast));
     let n = usize::try_from(room)
         .unwrap_or(usize::MAX)
         .min(e.promote.len());
     vm.metrics.deferred_granules += (e.promote.len() - n) as u64;
-    move_granules(cfg, migrator, vm, &e.promote[..n], Tier::Fast)?;
+    move_granules(cfg, migrator, vm, &e.promote[..n], Tier::Fast, deadline)?;
 
     if cfg.refresh_ticks > 0 && vm.tick % cfg.refresh_ticks == 0 {
         recheck_layout(cfg, migrator, vm)?;
@@ -948,7 +952,45 @@ fn migrate(
 }
 
 /// Moves granules to `tier`; returns how many of them left the other tier completely.
+/// Base pages per migrator call: a tick's moves go in batches of this size, so that a tick
+/// can stop at its deadline between two of them.
+const BATCH_PAGES: usize = 16_384;
+
+/// Moves granules to `tier` in batches of about [`BATCH_PAGES`] pages, the first batch always,
+/// the later ones while `deadline` has not passed (the rest is deferred to a later tick and
+/// counted): a tick stays about as long as its share of the interval however slow the
+/// moves are, so control requests are answered between ticks. Returns how many granules left
+/// the other tier completely.
 fn move_granules(
+    cfg: &EngineConfig,
+    migrator: &mut dyn Migrator,
+    vm: &mut Vm,
+    granules: &[Granule],
+    tier: Tier,
+    deadline: Instant,
+) -> Result<u64, Lost> {
+    let per_granule = usize::try_from(cfg.granule.base_pages())
+        .unwrap_or(1)
+        .max(1);
+    let per_batch = (BATCH_PAGES / per_granule).max(1);
+    let mut done = 0;
+    for (k, batch) in granules.chunks(per_batch).enumerate() {
+        if k > 0 && Instant::now() >= deadline {
+            let left = granules.len() - k * per_batch;
+            vm.metrics.deferred_granules += left as u64;
+            debug!(
+                "{}: tick {}: {left} moves deferred at the tick's deadline",
+                vm.name, vm.tick
+            );
+            break;
+        }
+        done += move_batch(cfg, migrator, vm, batch, tier)?;
+    }
+    Ok(done)
+}
+
+/// One migrator call for `granules`; see [`move_granules`].
+fn move_batch(
     cfg: &EngineConfig,
     migrator: &mut dyn Migrator,
     vm: &mut Vm,
@@ -1085,6 +1127,8 @@ mod tests {
         moved: [u64; 2],
         /// Migrate calls made.
         calls: u64,
+        /// Each migrate call takes this long (a slow host, emulation).
+        delay: Duration,
     }
     type World = Arc<Mutex<Pages>>;
 
@@ -1163,6 +1207,8 @@ mod tests {
             pages: &[PageRef],
             target: NodeId,
         ) -> Result<MigrationReport, MigrateError> {
+            let delay = self.0.lock().unwrap().delay;
+            std::thread::sleep(delay);
             let mut guard = self.0.lock().unwrap();
             let w = &mut *guard;
             w.calls += 1;
@@ -1457,6 +1503,29 @@ mod tests {
         assert_eq!(dram_bytes(&w), 0);
         let st = e.status(&vm).unwrap().summary.state;
         assert!(st.starts_with("failed: The VMM process exited"), "{st}");
+    }
+
+    #[test]
+    fn slow_moves_stop_at_the_tick_deadline_and_resume_next_tick() {
+        // 128 hot granules (256 MiB) to promote in batches of 32; every call takes 400 ms
+        // against a 1 s tick: the first tick stops after its deadline, the rest follows.
+        let len = 512 * MIB;
+        let w = world(len);
+        w.lock().unwrap().delay = Duration::from_millis(400);
+        let hot = Arc::new(Mutex::new((0, 256 * MIB)));
+        let mut e = engine(&w, 100_000);
+        let vm: VmId = "g".parse().unwrap();
+        e.attach(vm.clone(), ByteSize(256 * MIB), parts(&w, len, &hot))
+            .unwrap();
+        e.tick();
+        // The fourth batch starts at 1.2 s, past the deadline: deferred, not run.
+        let m = e.status(&vm).unwrap().metrics;
+        assert!(m.deferred_granules >= 32, "{m:?}");
+        assert!(hot_in_dram(&w, 0, 256 * MIB) < 256 * MIB);
+        for _ in 0..6 {
+            e.tick();
+        }
+        assert_eq!(hot_in_dram(&w, 0, 256 * MIB), 256 * MIB);
     }
 
     #[test]
