@@ -36,6 +36,7 @@ static const char * const vt_stat_names[VT_NR_STATS] = {
 	[VT_STAT_SKIP_PINNED] = "pages_skipped_pinned",
 	[VT_STAT_SKIP_SHARERS] = "pages_skipped_sharers",
 	[VT_STAT_SKIP_WRITEBACK] = "pages_skipped_writeback",
+	[VT_STAT_WRITEBACK_UNMAPPED] = "pages_writeback_after_unmap",
 	[VT_STAT_FAILED] = "pages_failed",
 	[VT_STAT_NOMEM] = "pages_nomem",
 	[VT_STAT_MC_ERRORS] = "pages_copy_mc_errors",
@@ -74,6 +75,10 @@ MODULE_PARM_DESC(auto_dma_min_pages, "Engine auto: smallest batch (base pages) c
 unsigned int vmtier_default_cpu_workers;
 module_param_named(cpu_workers, vmtier_default_cpu_workers, uint, 0644);
 MODULE_PARM_DESC(cpu_workers, "Default CPU copy threads (0: min(4, housekeeping CPUs))");
+
+bool vmtier_prefilter = true;
+module_param_named(prefilter, vmtier_prefilter, bool, 0644);
+MODULE_PARM_DESC(prefilter, "Keep pages on the target, pinned or under writeback out of the unmap (N: tests and comparisons)");
 
 static struct dentry *vt_debugfs;
 

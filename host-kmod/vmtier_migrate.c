@@ -192,6 +192,7 @@ static enum vt_pmd_kind vt_pmd_kind(struct mm_struct *mm, unsigned long addr,
 /* What one present or absent PTE maps, as far as a lockless read can tell. */
 static u8 vt_pte_class(struct vt_ctx *c, pte_t pte)
 {
+	bool prefilter = READ_ONCE(vmtier_prefilter);
 	struct folio *folio;
 	struct page *page;
 	unsigned long pfn;
@@ -206,17 +207,20 @@ static u8 vt_pte_class(struct vt_ctx *c, pte_t pte)
 	if (!pfn_valid(pfn))
 		return VT_C_NOTPRESENT;
 	page = pfn_to_page(pfn);
-	/* The node of a pfn never changes: this read needs no reference. */
-	if (page_to_nid(page) == c->nid)
-		return VT_C_ON_TARGET;
 	folio = page_folio(page);
 	if (folio_test_large(folio))
 		return VT_C_LARGE;
-	if (folio_maybe_dma_pinned(folio))
-		return VT_C_PINNED;
+	/* The node of a pfn never changes: this read needs no reference. */
+	if (prefilter && page_to_nid(page) == c->nid)
+		return VT_C_ON_TARGET;
+	/* Sharers are only seen here: setup unmaps them from every process. */
 	if (!(c->arg->flags & VMTIER_MIGRATE_SHARED) &&
 	    (folio_test_ksm(folio) || folio_mapcount(folio) > 1))
 		return VT_C_SHARERS;
+	if (!prefilter)
+		return VT_C_MOVE;
+	if (folio_maybe_dma_pinned(folio))
+		return VT_C_PINNED;
 	if (folio_test_writeback(folio))
 		return VT_C_WRITEBACK;
 	return VT_C_MOVE;
@@ -450,6 +454,7 @@ static void vt_classify_src(struct vt_ctx *c, unsigned long i,
 		 */
 		r->skipped_busy++;
 		vt_stat_add(VT_STAT_SKIP_WRITEBACK, 1);
+		vt_stat_add(VT_STAT_WRITEBACK_UNMAPPED, 1);
 	} else if (folio_test_ksm(folio) &&
 		   !(c->arg->flags & VMTIER_MIGRATE_SHARED)) {
 		r->skipped_sharers++;	/* merged since the page-table read */

@@ -62,6 +62,7 @@ enum vmtier_stat {
 	VT_STAT_SKIP_PINNED,
 	VT_STAT_SKIP_SHARERS,
 	VT_STAT_SKIP_WRITEBACK,
+	VT_STAT_WRITEBACK_UNMAPPED,
 	VT_STAT_FAILED,
 	VT_STAT_NOMEM,
 	VT_STAT_MC_ERRORS,
@@ -98,6 +99,7 @@ extern unsigned int vmtier_dma_timeout_ms;
 extern unsigned int vmtier_dma_idle_ms;
 extern unsigned int vmtier_auto_dma_min_pages;
 extern unsigned int vmtier_default_cpu_workers;
+extern bool vmtier_prefilter;
 
 /* vmtier_migrate.c */
 int vmtier_do_migrate(struct vmtier_migrate *arg, struct vmtier_range *ranges);

@@ -306,7 +306,21 @@ static int vtd_alloc_chan_resources(struct dma_chan *chan)
 
 static void vtd_free_chan_resources(struct dma_chan *chan)
 {
-	/* The client is gone: drop whatever is left, whatever the knobs say. */
+	struct vtd_chan *vc = to_vtd_chan(chan);
+	unsigned long flags;
+	LIST_HEAD(dead);
+
+	if (!READ_ONCE(terminate)) {
+		/*
+		 * An engine that cannot be stopped: what was issued still runs
+		 * (and calls back), even after the client let go of the channel.
+		 */
+		spin_lock_irqsave(&vc->lock, flags);
+		list_splice_init(&vc->submitted, &dead);
+		spin_unlock_irqrestore(&vc->lock, flags);
+		vtd_free_list(&dead);
+		return;
+	}
 	vtd_kill_all(chan);
 	vtd_synchronize(chan);
 }
@@ -362,8 +376,14 @@ static int vtd_probe(struct platform_device *pdev)
 static void vtd_remove(struct platform_device *pdev)
 {
 	struct vtd_dev *vd = platform_get_drvdata(pdev);
+	unsigned int i;
 
 	WRITE_ONCE(vtd_dev, NULL);
+	/* Whatever still runs must be gone before the channels are. */
+	for (i = 0; i < vtd_nchans; i++) {
+		vtd_kill_all(&vd->chan[i].chan);
+		vtd_synchronize(&vd->chan[i].chan);
+	}
 	dma_async_device_unregister(&vd->dd);
 }
 

@@ -239,7 +239,7 @@ fn query(c: &mut Checks) {
             );
         }
         Err(e) => {
-            c.check(false, "QUERY", e);
+            c.check(false, "QUERY", vmtier_core::error_chain(&e));
         }
     }
 }

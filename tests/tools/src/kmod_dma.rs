@@ -220,7 +220,7 @@ fn one_mode(c: &mut Checks, len: usize, m: &Mode) {
     let after = changed(&buf, second);
     let r: KmodReport = match r {
         Ok(r) => r,
-        Err(e) => return c.fatal(&name, e),
+        Err(e) => return c.fatal(&name, vmtier_core::error_chain(&e)),
     };
     let (moved, busy) = (r.sum(|x| x.moved), r.sum(|x| x.skipped_busy));
     c.check(
