@@ -225,24 +225,37 @@ struct Shared {
     first_bad: Mutex<Option<String>>,
 }
 
-/// One random range: mostly inside or around the target's mappings.
-fn random_range(rng: &mut Rng, st: &Shared, own: &[(u64, u64)]) -> VmtierRange {
-    let (mut start, mut len) = if rng.pct(80) {
-        let (s, l) = st.table.get(rng.index(SLOTS));
-        (s, l)
+/// One random range: inside the target's (or the caller's) mappings, mutated when
+/// `hostile`.
+fn random_range(
+    rng: &mut Rng,
+    st: &Shared,
+    own: &[(u64, u64)],
+    mine: bool,
+    hostile: bool,
+) -> VmtierRange {
+    let (mut start, mut len) = (0, 0);
+    if mine {
+        (start, len) = own[rng.index(own.len())];
     } else {
-        own[rng.index(own.len())]
-    };
+        for _ in 0..8 {
+            (start, len) = st.table.get(rng.index(SLOTS));
+            if start != 0 && len != 0 {
+                break;
+            }
+        }
+    }
     if start == 0 || len == 0 {
         start = rng.pick(&[0x1000, 0x7fff_0000_0000, 0x5555_5555_0000]);
         len = 0x4000;
     }
-    // Sub-range, sometimes mutated.
+    // A sub-range, mostly short (calls stay quick), sometimes mutated.
     let pages = (len / 4096).max(1);
     let off = rng.below(pages) * 4096;
     start += off;
-    len = (1 + rng.below(pages - off / 4096)) * 4096;
-    match rng.below(24) {
+    let most = if rng.pct(90) { 32 } else { u64::MAX };
+    len = (1 + rng.below((pages - off / 4096).min(most))) * 4096;
+    match if hostile { rng.below(12) } else { 99 } {
         0 => start += 1 + rng.below(4095),
         1 => len = rng.below(4096),
         2 => len = 0,
@@ -258,7 +271,7 @@ fn random_range(rng: &mut Rng, st: &Shared, own: &[(u64, u64)]) -> VmtierRange {
         len,
         ..Default::default()
     };
-    if rng.pct(2) {
+    if hostile && rng.pct(5) {
         r.reserved = rng.next();
     }
     if rng.pct(2) {
@@ -347,7 +360,9 @@ fn one_call(k: &Kmod, rng: &mut Rng, st: &Shared, own: &[(u64, u64)]) {
         );
         return;
     }
-    let nr = match rng.below(20) {
+    // Well-formed calls reach the migration paths; hostile ones the checks.
+    let hostile = rng.pct(50);
+    let nr = match if hostile { rng.below(6) } else { 99 } {
         0 => 0,
         1 => uapi::MAX_RANGES + 1 + rng.below(10),
         2 => 16 + rng.below(64),
@@ -360,53 +375,66 @@ fn one_call(k: &Kmod, rng: &mut Rng, st: &Shared, own: &[(u64, u64)]) {
     } else {
         1
     };
-    let mut rs: Vec<VmtierRange> = (0..=alloc).map(|_| random_range(rng, st, own)).collect();
     let target = st.target.load(Ordering::Relaxed);
     let (r1, r2, r3) = (rng.below(70000), rng.below(100), rng.below(70000));
     let pid = match rng.below(20) {
-        0 => 0,
-        1 => u64::try_from(st.dead.load(Ordering::Relaxed)).unwrap_or(0),
-        2 => rng.pick(&[1, 2, 4_194_304, 4_194_305, u64::MAX, r1]),
+        0 | 1 => 0,
+        2 if hostile => u64::try_from(st.dead.load(Ordering::Relaxed)).unwrap_or(0),
+        3 if hostile => rng.pick(&[1, 2, 4_194_304, 4_194_305, u64::MAX, r1]),
         _ => u64::try_from(target).unwrap_or(0),
     };
+    let mut rs: Vec<VmtierRange> = (0..=alloc)
+        .map(|_| {
+            let mutate = hostile && rng.pct(50);
+            random_range(rng, st, own, pid == 0, mutate)
+        })
+        .collect();
     let mut m = VmtierMigrate {
         size: cur as u64,
-        flags: if rng.pct(90) {
+        flags: if !hostile || rng.pct(70) {
             rng.below(4)
         } else {
             rng.next()
         },
         pid,
-        node: if rng.pct(95) {
+        node: if !hostile || rng.pct(70) {
             rng.below(2)
         } else {
             rng.pick(&[2, 63, 1024, u64::MAX])
         },
         ranges: rs.as_mut_ptr() as u64,
         nr_ranges: nr,
-        engine: if rng.pct(95) {
+        engine: if !hostile || rng.pct(70) {
             rng.below(3)
         } else {
             rng.next()
         },
-        workers: rng.pick(&[0, 0, 1, 2, 3, 64, 65, r2]),
-        batch: rng.pick(&[0, 1, 7, 64, 512, 4096, 65536, 65537, r3]),
+        workers: if hostile {
+            rng.pick(&[0, 1, 2, 64, 65, r2])
+        } else {
+            rng.below(5)
+        },
+        batch: if hostile {
+            rng.pick(&[0, 1, 7, 65536, 65537, r3])
+        } else {
+            rng.pick(&[0, 1, 64, 512, 4096])
+        },
         ..Default::default()
     };
-    if rng.pct(3) {
+    if hostile && rng.pct(10) {
         m.ranges = rng.pick(&[0, 16, 0xffff_8880_0000_0000, m.ranges + 3]);
     }
-    if rng.pct(2) {
+    if hostile && rng.pct(10) {
         m.reserved[rng.index(4)] = 1;
     }
     if rng.pct(2) {
         m.moved = rng.next(); // (out) garbage in
     }
-    let (size, tail) = match rng.below(20) {
+    let (size, tail) = match rng.below(if hostile { 8 } else { 4 }) {
         0 => (uapi::MIGRATE_SIZE_VER1, 0),
         1 => (cur + 8 * (1 + rng.index(16)), 0),
-        2 => (cur + 8 * (1 + rng.index(16)), 1 + rng.below(u64::MAX - 1)),
-        3 => (8 * rng.index(30), 0),
+        4 => (cur + 8 * (1 + rng.index(16)), 1 + rng.below(u64::MAX - 1)),
+        5 => (8 * rng.index(30), 0),
         _ => (cur, 0),
     };
     let words = size.max(cur) / 8 + 1;
@@ -420,13 +448,13 @@ fn one_call(k: &Kmod, rng: &mut Rng, st: &Shared, own: &[(u64, u64)]) {
     if size > cur && tail != 0 {
         w[size / 8 - 1] = tail;
     }
-    if rng.pct(97) {
+    if !hostile || rng.pct(90) {
         w[0] = size as u64;
     } else {
         w[0] = rng.next();
     }
     let mut cmd = uapi::ioc_migrate(size);
-    if rng.pct(1) {
+    if hostile && rng.pct(3) {
         cmd = uapi::iowr(uapi::IOC_MAGIC, rng.below(256), size);
     }
     st.calls.fetch_add(1, Ordering::Relaxed);
@@ -631,7 +659,7 @@ pub fn run(c: &mut Checks, a: &KmodFuzzArgs) {
         ),
     );
     c.check(
-        errnos.get("migrate ok").copied().unwrap_or(0) > calls / 50,
+        errnos.get("migrate ok").copied().unwrap_or(0) > calls / 10,
         "fuzz: a fair share of calls did migrate",
         format!(
             "{} succeeded",
