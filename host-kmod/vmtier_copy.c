@@ -14,6 +14,7 @@
  */
 #define pr_fmt(fmt) KBUILD_MODNAME ": " fmt
 
+#include <linux/atomic.h>
 #include <linux/completion.h>
 #include <linux/cpumask.h>
 #include <linux/gfp.h>
@@ -33,18 +34,25 @@
 
 /* Fewer entries than this per thread are not worth handing to a worker. */
 #define VT_MIN_PAGES_PER_WORKER	32
+/* Entries a thread takes at a time from the batch's shared cursor. */
+#define VT_GRAB			32
 /* Default threads per call: min(this, housekeeping CPUs). */
 #define VT_DEFAULT_THREADS	4
 
-struct vt_chunk {
-	struct work_struct work;
+/* What the threads of one vmtier_cpu_run() share. */
+struct vt_share {
 	struct vmtier_batch *b;
-	unsigned long from;
-	unsigned long to;
+	atomic_long_t next;	/* first entry nobody has taken yet */
 	bool alloc;
 	bool copy;
-	atomic_t *pending;
-	struct completion *done;
+	atomic_t pending;	/* queued shares not finished */
+	atomic_t worked;	/* threads that took entries */
+	struct completion done;
+};
+
+struct vt_chunk {
+	struct work_struct work;
+	struct vt_share *sh;
 };
 
 static struct workqueue_struct *vt_wq;
@@ -146,16 +154,40 @@ static void vt_process(struct vmtier_batch *b, unsigned long from,
 	}
 }
 
+/*
+ * Takes VT_GRAB entries at a time until none are left, so that a thread that
+ * starts late or runs slowly (a busy CPU) leaves its part to the others.
+ */
+static void vt_share_run(struct vt_share *sh)
+{
+	struct vmtier_batch *b = sh->b;
+	unsigned long from;
+	bool took = false;
+
+	for (;;) {
+		if (READ_ONCE(b->abort))
+			return;
+		from = atomic_long_fetch_add(VT_GRAB, &sh->next);
+		if (from >= b->npages)
+			return;
+		if (!took) {
+			took = true;
+			atomic_inc(&sh->worked);
+		}
+		vt_process(b, from, min(b->npages, from + VT_GRAB), sh->alloc,
+			   sh->copy);
+	}
+}
+
 static void vt_chunk_fn(struct work_struct *work)
 {
 	struct vt_chunk *c = container_of(work, struct vt_chunk, work);
-	atomic_t *pending = c->pending;
-	struct completion *done = c->done;
+	struct vt_share *sh = c->sh;
 
-	vt_process(c->b, c->from, c->to, c->alloc, c->copy);
-	/* c and *done may be gone once pending drops to 0. */
-	if (atomic_dec_and_test(pending))
-		complete(done);
+	vt_share_run(sh);
+	/* c and sh may be gone once pending drops to 0. */
+	if (atomic_dec_and_test(&sh->pending))
+		complete(&sh->done);
 }
 
 /* Online CPUs that are not isolated: what copy threads may use. */
@@ -235,48 +267,45 @@ static unsigned int vt_cpu_order(int *order, unsigned int max, int skip)
  * @alloc:	allocate missing destination pages
  * @copy:	copy the pages
  *
- * The caller takes the first share; the others are work items on the unbound
- * workqueue, queued to housekeeping CPUs other than the caller's.
+ * The caller works alongside work items on the unbound workqueue, queued to
+ * housekeeping CPUs other than the caller's; all take entries from a shared
+ * cursor until the batch is done.
  *
- * Return: threads that took part.
+ * Return: threads that took entries (at least 1).
  */
 static unsigned int vmtier_cpu_run(struct vmtier_batch *b, bool alloc,
 				   bool copy)
 {
-	DECLARE_COMPLETION_ONSTACK(done);
-	struct vt_chunk *chunks;
-	unsigned int k, threads, ncpu;
-	unsigned long per;
-	atomic_t pending;
-	int *order;
+	struct vt_chunk *chunks = NULL;
+	unsigned int k, threads, ncpu, worked;
+	struct vt_share *sh;
+	int *order = NULL;
 
 	threads = clamp_t(unsigned int, b->threads, 1, vmtier_max_threads());
 	if (threads > 1 && b->npages / threads < VT_MIN_PAGES_PER_WORKER)
 		threads = max_t(unsigned long, 1,
 				b->npages / VT_MIN_PAGES_PER_WORKER);
-	chunks = NULL;
-	order = NULL;
-	if (threads > 1) {
+	sh = kzalloc(sizeof(*sh), GFP_KERNEL);
+	if (sh && threads > 1) {
 		chunks = kcalloc(threads, sizeof(*chunks), GFP_KERNEL);
 		order = kcalloc(threads, sizeof(*order), GFP_KERNEL);
 	}
-	if (!chunks || !order) {
+	if (!sh || !chunks || !order) {
 		kfree(chunks);
 		kfree(order);
+		kfree(sh);
 		vt_process(b, 0, b->npages, alloc, copy);
 		return 1;
 	}
+	sh->b = b;
+	sh->alloc = alloc;
+	sh->copy = copy;
+	atomic_long_set(&sh->next, 0);
+	atomic_set(&sh->pending, threads - 1);
+	init_completion(&sh->done);
 	ncpu = vt_cpu_order(order, threads - 1, raw_smp_processor_id());
-	per = DIV_ROUND_UP(b->npages, threads);
-	atomic_set(&pending, threads - 1);
 	for (k = 1; k < threads; k++) {
-		unsigned long from = min(b->npages, k * per);
-
-		chunks[k] = (struct vt_chunk) {
-			.b = b, .from = from, .to = min(b->npages, from + per),
-			.alloc = alloc, .copy = copy,
-			.pending = &pending, .done = &done,
-		};
+		chunks[k].sh = sh;
 		INIT_WORK(&chunks[k].work, vt_chunk_fn);
 		if (ncpu)
 			queue_work_on(order[(k - 1) % ncpu], vt_wq,
@@ -284,19 +313,21 @@ static unsigned int vmtier_cpu_run(struct vmtier_batch *b, bool alloc,
 		else
 			queue_work(vt_wq, &chunks[k].work);
 	}
-	vt_process(b, 0, min(b->npages, per), alloc, copy);
-	if (wait_for_completion_interruptible(&done)) {
+	vt_share_run(sh);
+	if (wait_for_completion_interruptible(&sh->done)) {
 		/* Signal: stop the shares, wait only for the running ones. */
 		WRITE_ONCE(b->abort, true);
 		for (k = 1; k < threads; k++)
 			if (cancel_work(&chunks[k].work) &&
-			    atomic_dec_and_test(&pending))
-				complete(&done);
-		wait_for_completion(&done);
+			    atomic_dec_and_test(&sh->pending))
+				complete(&sh->done);
+		wait_for_completion(&sh->done);
 	}
+	worked = atomic_read(&sh->worked);
 	kfree(order);
 	kfree(chunks);
-	return threads;
+	kfree(sh);
+	return max(worked, 1U);
 }
 
 unsigned int vmtier_cpu_copy(struct vmtier_batch *b, bool alloc)

@@ -314,12 +314,14 @@ static void vt_copy_batch(struct vt_ctx *c, unsigned long todo)
 			arg->dma_abandoned += res.abandoned;
 			vt_stat_add(VT_STAT_DMA_PAGES, res.copied);
 			arg->engine_used = VMTIER_ENGINE_DMA;
-			arg->workers_used = res.chans;
+			arg->workers_used = max_t(u64, arg->workers_used,
+						  res.chans);
 			return;
 		}
 		/* No channel after all (provider gone): the CPU does it. */
 	}
-	arg->workers_used = vmtier_cpu_copy(b, true);
+	arg->workers_used = max_t(u64, arg->workers_used,
+				  vmtier_cpu_copy(b, true));
 	arg->engine_used = VMTIER_ENGINE_CPU;
 	for (i = 0; i < b->npages; i++)
 		if (b->state[i] == VT_PAGE_DONE)

@@ -211,7 +211,7 @@ pub struct KmodReport {
     pub ranges: Vec<RangeResult>,
     /// Engine of the last batch that copied.
     pub engine_used: Option<Engine>,
-    /// Threads (the calling one included) or channels that copied in that batch.
+    /// Most threads (the calling one included) or channels that copied in one batch.
     pub workers_used: u64,
     /// Pages whose DMA copy failed and that the CPU copied.
     pub dma_fallbacks: u64,

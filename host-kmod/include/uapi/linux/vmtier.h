@@ -122,8 +122,8 @@ struct vmtier_range {
  * @batch:		(in) base pages per batch (mmap_lock is held per batch),
  *			0 for VMTIER_DEFAULT_BATCH, at most VMTIER_MAX_BATCH
  * @engine_used:	(out) engine of the last batch that copied
- * @workers_used:	(out) threads (the calling one included) or channels
- *			that copied in that batch
+ * @workers_used:	(out) most threads (the calling one included) or DMA
+ *			channels that copied in one batch of the call
  * @moved:		(out) sum of the ranges' moved
  * @skipped:		(out) sum of the ranges' skipped_*, on_target
  * @failed:		(out) sum of the ranges' failed
