@@ -648,6 +648,21 @@ pub fn run(c: &mut Checks, a: &KmodFuzzArgs) {
     for (k, v) in &errnos {
         println!("kmod-fuzz:   {k:<22} {v}");
     }
+    for k in [
+        "pages_unmapped",
+        "pages_skipped_pinned",
+        "pages_skipped_sharers",
+        "pages_aborted",
+        "pages_copied_dma",
+        "dma_errors",
+        "dma_timeouts",
+        "dma_terminate_failed",
+        "dma_abandoned_pages",
+        "dma_chan_requests",
+        "calls_target_exited",
+    ] {
+        println!("kmod-fuzz:   module {k:<24} {}", kstat(k));
+    }
     let first_bad = st.first_bad.lock().ok().and_then(|f| f.clone());
     c.check(
         calls >= a.calls.min(1) && st.bad.load(Ordering::Relaxed) == 0,
