@@ -3,7 +3,8 @@
 //! ceiling.
 //!
 //! Every row is the median of `--runs` runs, each on a fresh buffer filled on node 1
-//! (so every run is equally cold). After each run the buffer's residency is queried: a
+//! (so every run is equally cold); the rows take turns run by run, so that the host's
+//! load changes touch all rows alike. After each run the buffer's residency is queried: a
 //! run whose pages are not all on node 0 fails the row, and the data is verified. Rows
 //! report what the module says it did (engine, threads or channels, DMA fallbacks,
 //! moved/skipped). Figures are printed and written as JSON, never asserted; they are
@@ -248,68 +249,78 @@ pub fn run(c: &mut Checks, a: &KmodBenchArgs) {
         None => "kmod-dma".to_owned(),
     };
     let runs = a.runs.max(1);
+    type RunFn = Box<dyn FnMut(&mut Checks) -> Option<Run>>;
     let mut rows: Vec<Row> = Vec::new();
-    let mut row = |c: &mut Checks,
-                   path: String,
-                   page_size: &'static str,
-                   workers: u32,
-                   batch: u32,
-                   f: &mut dyn FnMut(&mut Checks) -> Option<Run>| {
-        let mut r = Row {
+    let mut fns: Vec<RunFn> = Vec::new();
+    let mut add = |path: String, page_size: &'static str, workers: u32, batch: u32, f: RunFn| {
+        rows.push(Row {
             path,
             page_size,
             workers,
             batch,
             runs: Vec::new(),
+        });
+        fns.push(f);
+    };
+    add(
+        "memcpy node1->node0".into(),
+        "-",
+        1,
+        0,
+        Box::new(move |c| memcpy_run(c, len)),
+    );
+    add(
+        "move_pages(2)".into(),
+        "4K",
+        1,
+        512,
+        Box::new(move |c| one(c, len, false, &mut MovePages::new(512, false))),
+    );
+    // 6.12's migrate_vma splits PMD-mapped THPs (no MIGRATE_VMA_SELECT_COMPOUND):
+    // move_pages(2) is the path that keeps them whole.
+    add(
+        "move_pages(2) THP".into(),
+        "2M",
+        1,
+        512,
+        Box::new(move |c| one(c, len, true, &mut MovePages::new(512, false))),
+    );
+    let kmod_row = |engine, workers, batch| -> Option<RunFn> {
+        let mut k = Kmod::open(KmodConfig {
+            engine,
+            workers,
+            batch,
+        })
+        .ok()?;
+        Some(Box::new(move |c| one_kmod(c, len, &mut k)))
+    };
+    let mut specs: Vec<(String, Engine, u32, u32)> = Vec::new();
+    for workers in [1u32, 2, 4] {
+        specs.push(("kmod-cpu".into(), Engine::Cpu, workers, 4096));
+    }
+    for batch in [512u32, 4096, 65536] {
+        specs.push(("kmod-cpu".into(), Engine::Cpu, 0, batch));
+    }
+    if caps.engines.contains(&Engine::Dma) {
+        specs.push((dma_label, Engine::Dma, 2, 4096));
+    }
+    for (path, engine, workers, batch) in specs {
+        let Some(f) = kmod_row(engine, workers, batch) else {
+            return c.fatal("open /dev/vmtier", "failed");
         };
-        // One untimed run first: the code paths, the slab and the per-CPU lists warm.
+        add(path, "4K", workers, batch, f);
+    }
+    // One untimed run per row warms the code paths, the slab and the per-CPU lists;
+    // then the rows take turns, so that a change in the host's load touches all alike.
+    for f in &mut fns {
         let _ = f(c);
-        for _ in 0..runs {
+    }
+    for _ in 0..runs {
+        for (r, f) in rows.iter_mut().zip(fns.iter_mut()) {
             if let Some(run) = f(c) {
                 r.runs.push(run);
             }
         }
-        rows.push(r);
-    };
-    row(c, "memcpy node1->node0".into(), "-", 1, 0, &mut |c| {
-        memcpy_run(c, len)
-    });
-    row(c, "move_pages(2)".into(), "4K", 1, 512, &mut |c| {
-        one(c, len, false, &mut MovePages::new(512, false))
-    });
-    // 6.12's migrate_vma splits PMD-mapped THPs (no MIGRATE_VMA_SELECT_COMPOUND):
-    // move_pages(2) is the path that keeps them whole.
-    row(c, "move_pages(2) THP".into(), "2M", 1, 512, &mut |c| {
-        one(c, len, true, &mut MovePages::new(512, false))
-    });
-    let cfg = |engine, workers, batch| KmodConfig {
-        engine,
-        workers,
-        batch,
-    };
-    for workers in [1u32, 2, 4] {
-        let Ok(mut k) = Kmod::open(cfg(Engine::Cpu, workers, 4096)) else {
-            return c.fatal("open /dev/vmtier", "failed");
-        };
-        row(c, "kmod-cpu".into(), "4K", workers, 4096, &mut |c| {
-            one_kmod(c, len, &mut k)
-        });
-    }
-    for batch in [512u32, 4096, 65536] {
-        let Ok(mut k) = Kmod::open(cfg(Engine::Cpu, 0, batch)) else {
-            return c.fatal("open /dev/vmtier", "failed");
-        };
-        row(c, "kmod-cpu".into(), "4K", 0, batch, &mut |c| {
-            one_kmod(c, len, &mut k)
-        });
-    }
-    if caps.engines.contains(&Engine::Dma) {
-        let Ok(mut k) = Kmod::open(cfg(Engine::Dma, 2, 4096)) else {
-            return c.fatal("open /dev/vmtier", "failed");
-        };
-        row(c, dma_label, "4K", 2, 4096, &mut |c| {
-            one_kmod(c, len, &mut k)
-        });
     }
     let (accel, emulated) = accel();
     let memcpy = rows.first().map_or(0.0, |r| r.gbps(len));
@@ -324,12 +335,13 @@ pub fn run(c: &mut Checks, a: &KmodBenchArgs) {
         }
     );
     println!(
-        "{:<34} {:<4} {:>7} {:>6} {:>7} {:>8} {:>6} {:>8} {:>8} {:>9} {:>8}  residency",
+        "{:<34} {:<4} {:>7} {:>6} {:>7} {:>13} {:>8} {:>6} {:>8} {:>8} {:>9} {:>8}  residency",
         "path",
         "page",
         "workers",
         "batch",
         "GB/s",
+        "min-max",
         "vs mp4K",
         "engine",
         "used",
@@ -343,8 +355,12 @@ pub fn run(c: &mut Checks, a: &KmodBenchArgs) {
         let ok = r.ok();
         let moved = median_u64(r.runs.iter().map(|x| x.moved));
         let skipped = median_u64(r.runs.iter().map(|x| x.skipped));
+        let each: Vec<f64> = r.runs.iter().map(|x| len as f64 / x.secs / 1e9).collect();
+        let (lo, hi) = each
+            .iter()
+            .fold((f64::MAX, 0.0f64), |(a, b), &x| (a.min(x), b.max(x)));
         println!(
-            "{:<34} {:<4} {:>7} {:>6} {:>7.3} {:>7.2}x {:>6} {:>8} {:>8} {:>9} {:>8}  {}",
+            "{:<34} {:<4} {:>7} {:>6} {:>7.3} {:>13} {:>7.2}x {:>6} {:>8} {:>8} {:>9} {:>8}  {}",
             r.path,
             r.page_size,
             if r.path.starts_with("kmod") && r.workers == 0 {
@@ -354,6 +370,7 @@ pub fn run(c: &mut Checks, a: &KmodBenchArgs) {
             },
             r.batch,
             g,
+            format!("{lo:.3}-{hi:.3}"),
             if mp4k > 0.0 { g / mp4k } else { 0.0 },
             r.engine(),
             r.workers_used(),
@@ -361,14 +378,6 @@ pub fn run(c: &mut Checks, a: &KmodBenchArgs) {
             moved,
             skipped,
             if ok { "all on node 0" } else { "FAILED" }
-        );
-        c.check(
-            ok,
-            &format!(
-                "{} {} x{} batch {}: every run's pages on node 0, data intact",
-                r.path, r.page_size, r.workers, r.batch
-            ),
-            format!("{} runs", r.runs.len()),
         );
         json_rows.push(json!({
             "path": r.path,
@@ -427,6 +436,16 @@ pub fn run(c: &mut Checks, a: &KmodBenchArgs) {
         "module_4k_best_vs_move_pages_4k": if mp4k > 0.0 { best.0 / mp4k } else { 0.0 },
     });
     println!("json {} rows", rows.len());
+    for r in &rows {
+        c.check(
+            r.ok(),
+            &format!(
+                "{} {} x{} batch {}: every run's pages on node 0, data intact",
+                r.path, r.page_size, r.workers, r.batch
+            ),
+            format!("{} runs", r.runs.len()),
+        );
+    }
     if let Some(out) = &a.out {
         if let Some(dir) = out.parent() {
             let _ = fs::create_dir_all(dir);
