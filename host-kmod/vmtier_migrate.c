@@ -480,7 +480,7 @@ static unsigned long vt_migrate_batch(struct vt_ctx *c,
 	struct vmtier_migrate *arg = c->arg;
 	struct vmtier_batch *b = &c->b;
 	unsigned long npages, nruns, i, todo = 0, moved = 0, failed = 0;
-	unsigned long given_up = 0;
+	unsigned long given_up = 0, unmapped = 0;
 	u64 t0;
 	int k;
 
@@ -512,14 +512,15 @@ static unsigned long vt_migrate_batch(struct vt_ctx *c,
 			memset(m->src, 0, want * sizeof(*m->src));
 			m->npages = 0;
 		}
+		unmapped += m->npages;
 	}
 	arg->unmap_ns += ktime_get_ns() - t0;
 
 	b->npages = npages;
 	for (i = 0; i < npages; i++)
 		vt_classify_src(c, i, r, &todo);
-	arg->unmapped += npages;
-	vt_stat_add(VT_STAT_UNMAPPED, npages);
+	arg->unmapped += unmapped;
+	vt_stat_add(VT_STAT_UNMAPPED, unmapped);
 
 	/* Copy. */
 	if (todo) {

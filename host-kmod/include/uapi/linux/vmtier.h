@@ -132,10 +132,12 @@ struct vmtier_range {
  * @copy_ns:		(out) time spent allocating and copying
  * @total_ns:		(out) wall time of the call
  * @reserved:		(in) must be zero
- * @unmapped:		(out) base pages whose mappings were replaced by
- *			migration entries (and the MMU notifiers told) for the
- *			copy; pages found on the target, pinned, shared, in
- *			holes or THPs are not (ABI 2)
+ * @unmapped:		(out) base pages handed to migrate_vma_setup(), which
+ *			replaces their mappings by migration entries (and tells
+ *			the MMU notifiers) for the copy, passing over holes and
+ *			absent entries between them; pages found on the target,
+ *			pinned, shared or under writeback, and THPs, are not
+ *			(ABI 2)
  * @dma_abandoned:	(out) pages left in place because their DMA copy had
  *			neither completed nor could be stopped; their
  *			destination stays reserved until the engine finishes
