@@ -1,52 +1,61 @@
 // SPDX-License-Identifier: GPL-2.0
 /*
- * vmtier CPU copy engine: destination pages allocated and copied by a pool of
- * worker kthreads, one per online CPU, ordered so that the first workers of a
- * batch land on different NUMA nodes and on different cores before SMT
- * siblings are used.
+ * vmtier CPU copy engine: destination pages allocated and copied by the
+ * calling thread and work items on an unbound workqueue. Unbound workers run
+ * only on the workqueue's unbound cpumask, which excludes isolated CPUs
+ * (isolcpus=, nohz_full=, isolated cpuset partitions); the work items of a
+ * batch are queued to housekeeping CPUs spread over NUMA nodes and cores, so
+ * that they land in different pods (LLCs) rather than beside the caller.
+ *
+ * The caller waits interruptibly; on a signal it raises the batch's abort
+ * flag, cancels the shares that have not started and waits for the running
+ * ones, which stop after their current page. Nothing a worker may still touch
+ * is freed before it has finished.
  */
 #define pr_fmt(fmt) KBUILD_MODNAME ": " fmt
 
+#include <linux/atomic.h>
 #include <linux/completion.h>
 #include <linux/cpumask.h>
 #include <linux/gfp.h>
 #include <linux/highmem.h>
-#include <linux/kthread.h>
-#include <linux/llist.h>
 #include <linux/migrate.h>
 #include <linux/mm.h>
 #include <linux/pagemap.h>
 #include <linux/sched.h>
+#include <linux/sched/isolation.h>
+#include <linux/sched/signal.h>
 #include <linux/slab.h>
 #include <linux/topology.h>
 #include <linux/uaccess.h>
-#include <linux/wait.h>
+#include <linux/workqueue.h>
 
 #include "vmtier_priv.h"
 
 /* Fewer entries than this per thread are not worth handing to a worker. */
 #define VT_MIN_PAGES_PER_WORKER	32
+/* Entries a thread takes at a time from the batch's shared cursor. */
+#define VT_GRAB			32
+/* Default threads per call: min(this, housekeeping CPUs). */
+#define VT_DEFAULT_THREADS	4
 
-struct vt_chunk {
-	struct llist_node node;
+/* What the threads of one vmtier_cpu_run() share. */
+struct vt_share {
 	struct vmtier_batch *b;
-	unsigned long from;
-	unsigned long to;
+	atomic_long_t next;	/* first entry nobody has taken yet */
 	bool alloc;
 	bool copy;
-	atomic_t *pending;
-	struct completion *done;
+	atomic_t pending;	/* queued shares not finished */
+	atomic_t worked;	/* threads that took entries */
+	struct completion done;
 };
 
-struct vt_worker {
-	struct task_struct *task;
-	struct llist_head queue;
-	wait_queue_head_t wq;
-	int cpu;
+struct vt_chunk {
+	struct work_struct work;
+	struct vt_share *sh;
 };
 
-static struct vt_worker *vt_workers;
-static unsigned int vt_nr_workers;
+static struct workqueue_struct *vt_wq;
 
 struct page *vmtier_alloc_dst(int nid)
 {
@@ -56,7 +65,8 @@ struct page *vmtier_alloc_dst(int nid)
 				__GFP_NORETRY | __GFP_NOWARN, 0);
 	if (!page)
 		return NULL;
-	lock_page(page);
+	/* A fresh page nobody else can see: a plain lock is enough. */
+	__folio_set_locked(page_folio(page));
 	vt_stat_add(VT_STAT_DST_ALLOCATED, 1);
 	return page;
 }
@@ -80,23 +90,57 @@ bool vmtier_copy_page(struct page *dst, struct page *src)
 	return left == 0;
 }
 
+/* Destination pages for every TODO entry in [from, to) still without one. */
+static void vt_alloc_range(struct vmtier_batch *b, unsigned long from,
+			   unsigned long to)
+{
+	struct page *pages[64];
+	unsigned long i = from;
+
+	while (i < to) {
+		unsigned long want = 0, got, k, j;
+
+		memset(pages, 0, sizeof(pages));
+		for (j = i; j < to && want < ARRAY_SIZE(pages); j++)
+			want += b->state[j] == VT_PAGE_TODO && !b->dpage[j];
+		got = want ? alloc_pages_bulk_array_node(GFP_HIGHUSER_MOVABLE |
+							 __GFP_THISNODE |
+							 __GFP_NORETRY |
+							 __GFP_NOWARN,
+							 b->nid, want, pages) : 0;
+		for (k = 0; i < j; i++) {
+			if (b->state[i] != VT_PAGE_TODO || b->dpage[i])
+				continue;
+			if (k < got && pages[k]) {
+				__folio_set_locked(page_folio(pages[k]));
+				vt_stat_add(VT_STAT_DST_ALLOCATED, 1);
+				b->dpage[i] = pages[k++];
+			} else {
+				b->dpage[i] = vmtier_alloc_dst(b->nid);
+			}
+			if (!b->dpage[i]) {
+				b->state[i] = VT_PAGE_FAILED;
+				atomic_long_inc(&b->nomem);
+			}
+		}
+		/* The bulk allocator fills in order; nothing is left over. */
+		cond_resched();
+	}
+}
+
 static void vt_process(struct vmtier_batch *b, unsigned long from,
 		       unsigned long to, bool alloc, bool copy)
 {
 	unsigned long i;
 
+	if (alloc)
+		vt_alloc_range(b, from, to);
+	if (!copy)
+		return;
 	for (i = from; i < to; i++) {
-		if (b->state[i] != VT_PAGE_TODO)
-			continue;
-		if (alloc && !b->dpage[i]) {
-			b->dpage[i] = vmtier_alloc_dst(b->nid);
-			if (!b->dpage[i]) {
-				b->state[i] = VT_PAGE_FAILED;
-				atomic_long_inc(&b->nomem);
-				continue;
-			}
-		}
-		if (!copy)
+		if (READ_ONCE(b->abort))
+			return;
+		if (b->state[i] != VT_PAGE_TODO || !b->dpage[i])
 			continue;
 		if (vmtier_copy_page(b->dpage[i],
 				     migrate_pfn_to_page(b->src[i]))) {
@@ -110,95 +154,74 @@ static void vt_process(struct vmtier_batch *b, unsigned long from,
 	}
 }
 
-static int vt_worker_fn(void *data)
-{
-	struct vt_worker *w = data;
-	struct vt_chunk *c, *next;
-	struct llist_node *list;
-
-	while (!kthread_should_stop()) {
-		wait_event_interruptible(w->wq, !llist_empty(&w->queue) ||
-					 kthread_should_stop());
-		list = llist_reverse_order(llist_del_all(&w->queue));
-		llist_for_each_entry_safe(c, next, list, node) {
-			vt_process(c->b, c->from, c->to, c->alloc, c->copy);
-			/* c may be freed by its owner once pending drops to 0. */
-			if (atomic_dec_and_test(c->pending))
-				complete(c->done);
-		}
-	}
-	return 0;
-}
-
-/**
- * vmtier_cpu_run() - allocate and/or copy the TODO entries of a batch
- * @b:		the batch
- * @threads:	threads to use, the calling one included
- * @alloc:	allocate missing destination pages
- * @copy:	copy the pages
- *
- * The caller takes the first share; the others go to pool workers that do not
- * run on the caller's CPU.
+/*
+ * Takes VT_GRAB entries at a time until none are left, so that a thread that
+ * starts late or runs slowly (a busy CPU) leaves its part to the others.
  */
-static void vmtier_cpu_run(struct vmtier_batch *b, unsigned int threads,
-			   bool alloc, bool copy)
+static void vt_share_run(struct vt_share *sh)
 {
-	DECLARE_COMPLETION_ONSTACK(done);
-	struct vt_chunk *chunks;
-	atomic_t pending;
-	unsigned long per, from;
-	unsigned int k, w, me;
+	struct vmtier_batch *b = sh->b;
+	unsigned long from;
+	bool took = false;
 
-	threads = clamp_t(unsigned int, threads, 1, vt_nr_workers + 1);
-	if (threads > 1 && b->npages / threads < VT_MIN_PAGES_PER_WORKER)
-		threads = max_t(unsigned long, 1,
-				b->npages / VT_MIN_PAGES_PER_WORKER);
-	chunks = threads > 1 ? kcalloc(threads, sizeof(*chunks), GFP_KERNEL) :
-			       NULL;
-	if (!chunks) {
-		vt_process(b, 0, b->npages, alloc, copy);
-		return;
+	for (;;) {
+		if (READ_ONCE(b->abort))
+			return;
+		from = atomic_long_fetch_add(VT_GRAB, &sh->next);
+		if (from >= b->npages)
+			return;
+		if (!took) {
+			took = true;
+			atomic_inc(&sh->worked);
+		}
+		vt_process(b, from, min(b->npages, from + VT_GRAB), sh->alloc,
+			   sh->copy);
 	}
-	per = DIV_ROUND_UP(b->npages, threads);
-	atomic_set(&pending, threads - 1);
-	me = raw_smp_processor_id();
-	w = 0;
-	for (k = 1; k < threads; k++) {
-		struct vt_worker *wk;
-
-		/* Skip the worker sitting on the caller's CPU when possible. */
-		if (vt_workers[w % vt_nr_workers].cpu == me &&
-		    threads <= vt_nr_workers)
-			w++;
-		wk = &vt_workers[w++ % vt_nr_workers];
-		from = min(b->npages, k * per);
-		chunks[k] = (struct vt_chunk) {
-			.b = b, .from = from, .to = min(b->npages, from + per),
-			.alloc = alloc, .copy = copy,
-			.pending = &pending, .done = &done,
-		};
-		if (llist_add(&chunks[k].node, &wk->queue))
-			wake_up(&wk->wq);
-	}
-	vt_process(b, 0, min(b->npages, per), alloc, copy);
-	wait_for_completion(&done);
-	kfree(chunks);
 }
 
-void vmtier_cpu_copy(struct vmtier_batch *b, unsigned int threads, bool alloc)
+static void vt_chunk_fn(struct work_struct *work)
 {
-	vmtier_cpu_run(b, threads, alloc, true);
+	struct vt_chunk *c = container_of(work, struct vt_chunk, work);
+	struct vt_share *sh = c->sh;
+
+	vt_share_run(sh);
+	/* c and sh may be gone once pending drops to 0. */
+	if (atomic_dec_and_test(&sh->pending))
+		complete(&sh->done);
 }
 
-unsigned long vmtier_alloc_batch(struct vmtier_batch *b)
+/* Online CPUs that are not isolated: what copy threads may use. */
+static bool vt_housekeeping(int cpu)
 {
-	vmtier_cpu_run(b, vmtier_default_cpu_workers, true, false);
-	return atomic_long_read(&b->nomem);
+	return cpu_online(cpu) && !cpu_is_isolated(cpu) &&
+	       housekeeping_cpu(cpu, HK_TYPE_WQ) &&
+	       housekeeping_cpu(cpu, HK_TYPE_KTHREAD);
 }
 
-unsigned int vmtier_nr_workers(void)
+unsigned int vmtier_housekeeping_cpus(void)
 {
-	return min_t(unsigned int, vt_nr_workers + 1, VMTIER_MAX_WORKERS);
+	unsigned int n = 0;
+	int cpu;
+
+	for_each_online_cpu(cpu)
+		n += vt_housekeeping(cpu);
+	return n;
+}
+
+unsigned int vmtier_max_threads(void)
+{
+	return clamp_t(unsigned int, vmtier_housekeeping_cpus(), 1,
+		       VMTIER_MAX_WORKERS);
+}
+
+unsigned int vmtier_default_threads(void)
+{
+	unsigned int n = READ_ONCE(vmtier_default_cpu_workers);
+
+	if (!n)
+		n = min_t(unsigned int, VT_DEFAULT_THREADS,
+			  vmtier_housekeeping_cpus());
+	return clamp_t(unsigned int, n, 1, vmtier_max_threads());
 }
 
 static bool vt_is_sibling(int cpu)
@@ -207,10 +230,11 @@ static bool vt_is_sibling(int cpu)
 }
 
 /*
- * Online CPUs in the order workers are handed out: round-robin over nodes,
- * the first SMT thread of every core before any sibling.
+ * Housekeeping CPUs other than @skip in the order shares are queued to:
+ * round-robin over nodes, the first SMT thread of every core before any
+ * sibling.
  */
-static unsigned int vt_cpu_order(int *order, unsigned int max)
+static unsigned int vt_cpu_order(int *order, unsigned int max, int skip)
 {
 	unsigned int n = 0, round, r;
 	int sibling, nid, cpu;
@@ -221,9 +245,9 @@ static unsigned int vt_cpu_order(int *order, unsigned int max)
 			any = false;
 			for_each_node_with_cpus(nid) {
 				r = 0;
-				for_each_cpu_and(cpu, cpumask_of_node(nid),
-						 cpu_online_mask) {
-					if (vt_is_sibling(cpu) != sibling ||
+				for_each_cpu(cpu, cpumask_of_node(nid)) {
+					if (cpu == skip || !vt_housekeeping(cpu) ||
+					    vt_is_sibling(cpu) != sibling ||
 					    r++ != round)
 						continue;
 					if (n < max)
@@ -237,51 +261,92 @@ static unsigned int vt_cpu_order(int *order, unsigned int max)
 	return n;
 }
 
+/**
+ * vmtier_cpu_run() - allocate and/or copy the TODO entries of a batch
+ * @b:		the batch; b->threads threads, the calling one included
+ * @alloc:	allocate missing destination pages
+ * @copy:	copy the pages
+ *
+ * The caller works alongside work items on the unbound workqueue, queued to
+ * housekeeping CPUs other than the caller's; all take entries from a shared
+ * cursor until the batch is done.
+ *
+ * Return: threads that took entries (at least 1).
+ */
+static unsigned int vmtier_cpu_run(struct vmtier_batch *b, bool alloc,
+				   bool copy)
+{
+	struct vt_chunk *chunks = NULL;
+	unsigned int k, threads, ncpu, worked;
+	struct vt_share *sh;
+	int *order = NULL;
+
+	threads = clamp_t(unsigned int, b->threads, 1, vmtier_max_threads());
+	if (threads > 1 && b->npages / threads < VT_MIN_PAGES_PER_WORKER)
+		threads = max_t(unsigned long, 1,
+				b->npages / VT_MIN_PAGES_PER_WORKER);
+	sh = kzalloc(sizeof(*sh), GFP_KERNEL);
+	if (sh && threads > 1) {
+		chunks = kcalloc(threads, sizeof(*chunks), GFP_KERNEL);
+		order = kcalloc(threads, sizeof(*order), GFP_KERNEL);
+	}
+	if (!sh || !chunks || !order) {
+		kfree(chunks);
+		kfree(order);
+		kfree(sh);
+		vt_process(b, 0, b->npages, alloc, copy);
+		return 1;
+	}
+	sh->b = b;
+	sh->alloc = alloc;
+	sh->copy = copy;
+	atomic_long_set(&sh->next, 0);
+	atomic_set(&sh->pending, threads - 1);
+	init_completion(&sh->done);
+	ncpu = vt_cpu_order(order, threads - 1, raw_smp_processor_id());
+	for (k = 1; k < threads; k++) {
+		chunks[k].sh = sh;
+		INIT_WORK(&chunks[k].work, vt_chunk_fn);
+		if (ncpu)
+			queue_work_on(order[(k - 1) % ncpu], vt_wq,
+				      &chunks[k].work);
+		else
+			queue_work(vt_wq, &chunks[k].work);
+	}
+	vt_share_run(sh);
+	if (wait_for_completion_interruptible(&sh->done)) {
+		/* Signal: stop the shares, wait only for the running ones. */
+		WRITE_ONCE(b->abort, true);
+		for (k = 1; k < threads; k++)
+			if (cancel_work(&chunks[k].work) &&
+			    atomic_dec_and_test(&sh->pending))
+				complete(&sh->done);
+		wait_for_completion(&sh->done);
+	}
+	worked = atomic_read(&sh->worked);
+	kfree(order);
+	kfree(chunks);
+	kfree(sh);
+	return max(worked, 1U);
+}
+
+unsigned int vmtier_cpu_copy(struct vmtier_batch *b, bool alloc)
+{
+	return vmtier_cpu_run(b, alloc, true);
+}
+
+void vmtier_alloc_batch(struct vmtier_batch *b)
+{
+	vmtier_cpu_run(b, true, false);
+}
+
 int vmtier_workers_init(void)
 {
-	unsigned int max = min_t(unsigned int, num_online_cpus(),
-				 VMTIER_MAX_WORKERS - 1);
-	int *order;
-	unsigned int i, n;
-
-	order = kcalloc(max, sizeof(*order), GFP_KERNEL);
-	vt_workers = kcalloc(max, sizeof(*vt_workers), GFP_KERNEL);
-	if (!order || !vt_workers) {
-		kfree(order);
-		kfree(vt_workers);
-		return -ENOMEM;
-	}
-	n = vt_cpu_order(order, max);
-	for (i = 0; i < n; i++) {
-		struct vt_worker *w = &vt_workers[i];
-		struct task_struct *t;
-
-		init_llist_head(&w->queue);
-		init_waitqueue_head(&w->wq);
-		w->cpu = order[i];
-		t = kthread_create_on_node(vt_worker_fn, w, cpu_to_node(w->cpu),
-					   "vmtier/%d", w->cpu);
-		if (IS_ERR(t))
-			break;
-		set_cpus_allowed_ptr(t, cpumask_of(w->cpu));
-		w->task = t;
-		wake_up_process(t);
-		vt_nr_workers++;
-	}
-	kfree(order);
-	if (!vt_nr_workers) {
-		kfree(vt_workers);
-		return -ENOMEM;
-	}
-	return 0;
+	vt_wq = alloc_workqueue("vmtier_copy", WQ_UNBOUND, VMTIER_MAX_WORKERS);
+	return vt_wq ? 0 : -ENOMEM;
 }
 
 void vmtier_workers_exit(void)
 {
-	unsigned int i;
-
-	for (i = 0; i < vt_nr_workers; i++)
-		kthread_stop(vt_workers[i].task);
-	kfree(vt_workers);
-	vt_nr_workers = 0;
+	destroy_workqueue(vt_wq);
 }

@@ -8,13 +8,20 @@
  * It assumes dma-direct mapping (no IOMMU) and is never built for or
  * installed on a production host.
  *
- * Knobs (module parameters, writable at run time):
+ * Knobs (module parameters, writable at run time), one per fault mode:
  *   chans        channels to register (load time)
- *   fail_every   every Nth descriptor completes with DMA_TRANS_WRITE_FAILED
- *                without copying (0: never)
- *   stall_every  every Nth descriptor stalls for stall_ms before it runs,
- *                or until the client terminates the channel (0: never)
+ *   fail_every   error completion: every Nth descriptor scribbles over its
+ *                destination and completes with DMA_TRANS_WRITE_FAILED
+ *   stall_every  every Nth descriptor stalls for stall_ms before it runs, or
+ *                until the client terminates the channel (0: never)
  *   stall_ms     length of a stall
+ *   terminate    0: device_terminate_all refuses (-EINVAL), as on engines
+ *                without it (IOAT, IDXD on 6.12): stalled descriptors then
+ *                complete late, writing their destination after the
+ *                client's timeout
+ *   stuck        1: the channels run nothing until it is cleared again
+ * Counters (read only): completed, failed, stalled_completions,
+ * refused_terminates.
  */
 #define pr_fmt(fmt) KBUILD_MODNAME ": " fmt
 
@@ -47,6 +54,36 @@ static unsigned int stall_ms = 5000;
 module_param(stall_ms, uint, 0644);
 MODULE_PARM_DESC(stall_ms, "Length of a stall (ms)");
 
+static bool terminate = true;
+module_param(terminate, bool, 0644);
+MODULE_PARM_DESC(terminate, "Implement terminate (0: refuse it like IOAT/IDXD)");
+
+static int vtd_set_stuck(const char *val, const struct kernel_param *kp);
+static const struct kernel_param_ops vtd_stuck_ops = {
+	.set = vtd_set_stuck,
+	.get = param_get_bool,
+};
+
+static bool stuck;
+module_param_cb(stuck, &vtd_stuck_ops, &stuck, 0644);
+MODULE_PARM_DESC(stuck, "Run nothing until cleared (a hung engine)");
+
+static atomic_t completed = ATOMIC_INIT(0);
+module_param_named(completed, completed.counter, int, 0444);
+MODULE_PARM_DESC(completed, "Descriptors completed");
+
+static atomic_t failed = ATOMIC_INIT(0);
+module_param_named(failed, failed.counter, int, 0444);
+MODULE_PARM_DESC(failed, "Descriptors completed with an error");
+
+static atomic_t stalled_completions = ATOMIC_INIT(0);
+module_param_named(stalled_completions, stalled_completions.counter, int, 0444);
+MODULE_PARM_DESC(stalled_completions, "Stalled descriptors that ran after their stall");
+
+static atomic_t refused_terminates = ATOMIC_INIT(0);
+module_param_named(refused_terminates, refused_terminates.counter, int, 0444);
+MODULE_PARM_DESC(refused_terminates, "Terminate requests refused");
+
 static atomic_t vtd_seq = ATOMIC_INIT(0);
 
 struct vtd_desc {
@@ -73,6 +110,8 @@ struct vtd_dev {
 };
 
 static struct platform_device *vtd_pdev;
+static struct vtd_dev *vtd_dev;
+static unsigned int vtd_nchans;
 
 static struct vtd_chan *to_vtd_chan(struct dma_chan *c)
 {
@@ -136,8 +175,12 @@ static void vtd_work(struct work_struct *work)
 	struct vtd_desc *d;
 	unsigned long flags;
 	unsigned int n;
+	bool stalled;
+	void *dst;
 
 	for (;;) {
+		if (READ_ONCE(stuck))
+			return;		/* vtd_set_stuck() requeues */
 		spin_lock_irqsave(&vc->lock, flags);
 		d = list_first_entry_or_null(&vc->issued, struct vtd_desc, node);
 		if (d)
@@ -146,7 +189,8 @@ static void vtd_work(struct work_struct *work)
 		if (!d)
 			return;
 		n = atomic_inc_return(&vtd_seq);
-		if (stall_every && !(n % stall_every)) {
+		stalled = stall_every && !(n % stall_every);
+		if (stalled) {
 			wait_event_timeout(vc->wq, READ_ONCE(vc->abort),
 					   msecs_to_jiffies(stall_ms));
 			if (READ_ONCE(vc->abort)) {
@@ -155,13 +199,20 @@ static void vtd_work(struct work_struct *work)
 			}
 		}
 		res.residue = 0;
+		dst = phys_to_virt(dma_to_phys(dev, d->dst));
 		if (fail_every && !(n % fail_every)) {
+			/* A failed write may leave anything behind. */
+			memset(dst, 0x5a, d->len);
 			res.result = DMA_TRANS_WRITE_FAILED;
+			atomic_inc(&failed);
 		} else {
-			memcpy(phys_to_virt(dma_to_phys(dev, d->dst)),
-			       phys_to_virt(dma_to_phys(dev, d->src)), d->len);
+			memcpy(dst, phys_to_virt(dma_to_phys(dev, d->src)),
+			       d->len);
 			res.result = DMA_TRANS_NOERROR;
 		}
+		atomic_inc(&completed);
+		if (stalled)
+			atomic_inc(&stalled_completions);
 		spin_lock_irqsave(&vc->lock, flags);
 		vc->chan.completed_cookie = d->tx.cookie;
 		spin_unlock_irqrestore(&vc->lock, flags);
@@ -202,7 +253,7 @@ static void vtd_free_list(struct list_head *list)
 	}
 }
 
-static int vtd_terminate_all(struct dma_chan *chan)
+static void vtd_kill_all(struct dma_chan *chan)
 {
 	struct vtd_chan *vc = to_vtd_chan(chan);
 	unsigned long flags;
@@ -215,6 +266,28 @@ static int vtd_terminate_all(struct dma_chan *chan)
 	spin_unlock_irqrestore(&vc->lock, flags);
 	wake_up(&vc->wq);
 	vtd_free_list(&dead);
+}
+
+static int vtd_terminate_all(struct dma_chan *chan)
+{
+	if (!READ_ONCE(terminate)) {
+		/* What dmaengine_terminate_async() returns without the op. */
+		atomic_inc(&refused_terminates);
+		return -EINVAL;
+	}
+	vtd_kill_all(chan);
+	return 0;
+}
+
+static int vtd_set_stuck(const char *val, const struct kernel_param *kp)
+{
+	unsigned int i;
+	int ret = param_set_bool(val, kp);
+
+	if (ret || READ_ONCE(stuck) || !vtd_dev)
+		return ret;
+	for (i = 0; i < vtd_nchans; i++)
+		queue_work(system_unbound_wq, &vtd_dev->chan[i].work);
 	return 0;
 }
 
@@ -233,7 +306,22 @@ static int vtd_alloc_chan_resources(struct dma_chan *chan)
 
 static void vtd_free_chan_resources(struct dma_chan *chan)
 {
-	vtd_terminate_all(chan);
+	struct vtd_chan *vc = to_vtd_chan(chan);
+	unsigned long flags;
+	LIST_HEAD(dead);
+
+	if (!READ_ONCE(terminate)) {
+		/*
+		 * An engine that cannot be stopped: what was issued still runs
+		 * (and calls back), even after the client let go of the channel.
+		 */
+		spin_lock_irqsave(&vc->lock, flags);
+		list_splice_init(&vc->submitted, &dead);
+		spin_unlock_irqrestore(&vc->lock, flags);
+		vtd_free_list(&dead);
+		return;
+	}
+	vtd_kill_all(chan);
 	vtd_synchronize(chan);
 }
 
@@ -278,6 +366,8 @@ static int vtd_probe(struct platform_device *pdev)
 	if (ret)
 		return ret;
 	platform_set_drvdata(pdev, vd);
+	vtd_nchans = i;
+	WRITE_ONCE(vtd_dev, vd);
 	dev_info(&pdev->dev, "TEST ONLY software DMA_MEMCPY provider, %u channels\n",
 		 i);
 	return 0;
@@ -286,7 +376,14 @@ static int vtd_probe(struct platform_device *pdev)
 static void vtd_remove(struct platform_device *pdev)
 {
 	struct vtd_dev *vd = platform_get_drvdata(pdev);
+	unsigned int i;
 
+	WRITE_ONCE(vtd_dev, NULL);
+	/* Whatever still runs must be gone before the channels are. */
+	for (i = 0; i < vtd_nchans; i++) {
+		vtd_kill_all(&vd->chan[i].chan);
+		vtd_synchronize(&vd->chan[i].chan);
+	}
 	dma_async_device_unregister(&vd->dd);
 }
 

@@ -28,12 +28,13 @@ pub struct KmodArgs {
     /// Buffer size per integrity case (multiple of 2 MiB).
     #[arg(long, default_value = "16M")]
     size: ByteSize,
-    /// Only these parts (comma separated): query, integrity, errors, dma-faults, busy, final.
+    /// Only these parts (comma separated): query, integrity, abi, errors, skips, dma-faults,
+    /// dma-channels, busy, isolation (needs an isolated CPU), final.
     #[arg(long, value_delimiter = ',')]
     only: Vec<String>,
 }
 
-fn me() -> ProcessId {
+pub(crate) fn me() -> ProcessId {
     ProcessId::new(i32::try_from(std::process::id()).unwrap_or(0))
 }
 
@@ -108,7 +109,7 @@ fn uapi_dev() -> &'static str {
 }
 
 /// One page reference per base page of the buffer, or per 2 MiB when `huge`.
-fn pages_of(buf: &AnonBuf, huge: bool) -> Vec<PageRef> {
+pub(crate) fn pages_of(buf: &AnonBuf, huge: bool) -> Vec<PageRef> {
     let size = if huge { PageSize::Huge } else { PageSize::Base };
     (0..buf.len() as u64 / size.bytes())
         .filter_map(|i| buf.addr().checked_add(i * size.bytes()))
@@ -118,7 +119,7 @@ fn pages_of(buf: &AnonBuf, huge: bool) -> Vec<PageRef> {
 
 /// A thread that keeps writing one word per base page of the first `pages` pages of a
 /// buffer: `gen << 32 | page`; after `stop` every such word must hold the last full pass.
-struct Writer {
+pub(crate) struct Writer {
     stop: Arc<AtomicBool>,
     gen: Arc<AtomicU64>,
     handle: Option<thread::JoinHandle<()>>,
@@ -127,7 +128,7 @@ struct Writer {
 }
 
 impl Writer {
-    fn start(buf: &AnonBuf, pages: usize) -> Self {
+    pub(crate) fn start(buf: &AnonBuf, pages: usize) -> Self {
         let stop = Arc::new(AtomicBool::new(false));
         let gen = Arc::new(AtomicU64::new(0));
         let base = usize::try_from(buf.addr().raw()).unwrap_or(0);
@@ -156,7 +157,7 @@ impl Writer {
     }
 
     /// Stops the writer and returns the words that do not hold its last full pass.
-    fn finish(mut self) -> (u64, usize) {
+    pub(crate) fn finish(mut self) -> (u64, usize) {
         self.stop.store(true, Ordering::Relaxed);
         if let Some(h) = self.handle.take() {
             let _ = h.join();
@@ -175,7 +176,7 @@ impl Writer {
 }
 
 /// Words other than the writer's that differ from the pattern.
-fn corrupted_except_writer(buf: &AnonBuf, writer_pages: usize) -> usize {
+pub(crate) fn corrupted_except_writer(buf: &AnonBuf, writer_pages: usize) -> usize {
     buf.words()
         .iter()
         .enumerate()
@@ -183,7 +184,7 @@ fn corrupted_except_writer(buf: &AnonBuf, writer_pages: usize) -> usize {
         .count()
 }
 
-fn all_on(buf: &AnonBuf, node: u32) -> (bool, String) {
+pub(crate) fn all_on(buf: &AnonBuf, node: u32) -> (bool, String) {
     match Residency::of_range(me(), buf.addr(), buf.len() as u64) {
         Ok(r) => (
             r.on(NodeId::new(node)) == buf.len() as u64,
@@ -193,7 +194,7 @@ fn all_on(buf: &AnonBuf, node: u32) -> (bool, String) {
     }
 }
 
-fn describe(r: &KmodReport) -> String {
+pub(crate) fn describe(r: &KmodReport) -> String {
     format!(
         "moved {} on_target {} hole {} thp {} busy {} shared {} failed {}; engine {:?} x{}, \
          dma fallbacks {}, copy {:.1} ms, total {:.1} ms (TCG)",
@@ -231,18 +232,20 @@ fn query(c: &mut Checks) {
             c.check(
                 q.engines.contains(&CopyEngine::Dma)
                     && q.dma_channels.len() == 2
-                    && q.dma_channels.iter().all(|n| n.starts_with("dma")),
-                "QUERY: the test DMA provider's 2 channels are found by name",
-                format!("{:?}", q.dma_channels),
+                    && q.dma_channels.iter().all(|n| n.starts_with("dma"))
+                    && q.dma_drivers.iter().all(|d| d == "vmtier_test_dma"),
+                "QUERY: the test DMA provider's 2 channels are found by name and driver",
+                format!("{:?} {:?}", q.dma_channels, q.dma_drivers),
             );
         }
         Err(e) => {
-            c.check(false, "QUERY", e);
+            c.check(false, "QUERY", vmtier_core::error_chain(&e));
         }
     }
 }
 
-/// The (engine, workers) combinations every integrity case runs with.
+/// The (engine, workers) combinations every integrity case runs with (batches of 1024
+/// pages; auto picks DMA for them: `auto_dma_min_pages` is set to 1024 meanwhile).
 const ENGINES: [(CopyEngine, u32); 4] = [
     (CopyEngine::Cpu, 1),
     (CopyEngine::Cpu, 2),
@@ -251,6 +254,7 @@ const ENGINES: [(CopyEngine, u32); 4] = [
 ];
 
 fn integrity(c: &mut Checks, len: usize) {
+    crate::kmod_errors::set("vmtier", "auto_dma_min_pages", "1024");
     for (engine, workers) in ENGINES {
         let cfg = KmodConfig {
             engine,
@@ -261,6 +265,7 @@ fn integrity(c: &mut Checks, len: usize) {
         integrity_4k(c, len, cfg, &name);
         integrity_thp_mixed(c, len, cfg, &name);
     }
+    crate::kmod_errors::set("vmtier", "auto_dma_min_pages", "4096");
 }
 
 fn integrity_4k(c: &mut Checks, len: usize, cfg: KmodConfig, name: &str) {
@@ -286,9 +291,18 @@ fn integrity_4k(c: &mut Checks, len: usize, cfg: KmodConfig, name: &str) {
         };
         let moved = r.sum(|x| x.moved);
         let busy = r.sum(|x| x.skipped_busy);
+        // The engine asked for (auto: DMA for full batches) with the threads asked for.
+        let (want_engine, want_workers) = match cfg.engine {
+            CopyEngine::Auto => (CopyEngine::Dma, 2),
+            e => (e, u64::from(cfg.workers)),
+        };
         // Pages the writer holds at the instant of the unmap may be skipped as busy.
         c.check(
-            moved + busy == pages as u64 && r.sum(|x| x.failed) == 0 && moved > 0,
+            moved + busy == pages as u64
+                && r.sum(|x| x.failed) == 0
+                && moved > 0
+                && r.engine_used == Some(want_engine)
+                && r.workers_used == want_workers,
             &format!(
                 "{name}: 4K {} to node {to} with a concurrent writer",
                 ByteSize(len as u64)
@@ -415,19 +429,33 @@ pub fn run(c: &mut Checks, a: &KmodArgs) {
     if want("integrity") {
         integrity(c, len.max(4 * MIB));
     }
+    if want("abi") {
+        crate::kmod_abi::run(c);
+    }
     if want("errors") {
         crate::kmod_errors::run(c);
     }
+    if want("skips") {
+        crate::kmod_skips::run(c);
+    }
     if want("dma-faults") {
-        crate::kmod_errors::dma_faults(c, len.max(4 * MIB));
+        crate::kmod_dma::fault_modes(c, len.max(4 * MIB));
+    }
+    if want("dma-channels") {
+        crate::kmod_dma::channel_lifetime(c, &a.ko_dir);
     }
     if want("busy") {
         crate::kmod_errors::busy(c, &a.ko_dir);
     }
-    final_checks(c, base_iso, base_free);
+    if a.only.iter().any(|o| o == "isolation") {
+        crate::kmod_isolation::run(c);
+    }
+    if a.only.is_empty() || a.only.iter().any(|o| o == "final") {
+        final_checks(c, base_iso, base_free);
+    }
 }
 
-fn settle() {
+pub(crate) fn settle() {
     let _ = fs::write("/proc/sys/vm/drop_caches", "3");
     thread::sleep(Duration::from_millis(200));
 }
@@ -458,9 +486,10 @@ fn final_checks(c: &mut Checks, base_iso: u64, base_free: [u64; 2]) {
              {placed_failed}"
         ),
     );
-    let (ok1, o1) = sh("rmmod vmtier_test_dma");
+    // vmtier first: unloading it releases the DMA channels it keeps.
     let (ok2, o2) = sh("rmmod vmtier");
-    c.check(ok1 && ok2, "rmmod both modules", format!("{o1} {o2}"));
+    let (ok1, o1) = sh("rmmod vmtier_test_dma");
+    c.check(ok1 && ok2, "rmmod both modules", format!("{o2} {o1}"));
     settle();
     let iso = vmstat("nr_isolated_anon");
     c.check(

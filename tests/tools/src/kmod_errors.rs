@@ -18,7 +18,7 @@ use crate::mem::AnonBuf;
 
 const MIB: usize = 1 << 20;
 
-fn errno_name(e: i32) -> &'static str {
+pub(crate) fn errno_name(e: i32) -> &'static str {
     match e {
         0 => "ok",
         libc::EINVAL => "EINVAL",
@@ -35,7 +35,7 @@ fn errno_name(e: i32) -> &'static str {
     }
 }
 
-fn base_req(ranges: &mut [VmtierRange]) -> VmtierMigrate {
+pub(crate) fn base_req(ranges: &mut [VmtierRange]) -> VmtierMigrate {
     VmtierMigrate {
         size: std::mem::size_of::<VmtierMigrate>() as u64,
         ranges: ranges.as_mut_ptr() as u64,
@@ -45,7 +45,7 @@ fn base_req(ranges: &mut [VmtierRange]) -> VmtierMigrate {
     }
 }
 
-fn range(start: u64, len: u64) -> VmtierRange {
+pub(crate) fn range(start: u64, len: u64) -> VmtierRange {
     VmtierRange {
         start,
         len,
@@ -54,7 +54,7 @@ fn range(start: u64, len: u64) -> VmtierRange {
 }
 
 /// Issues MIGRATE and returns 0 or the errno.
-fn call(k: &Kmod, m: &mut VmtierMigrate) -> i32 {
+pub(crate) fn call(k: &Kmod, m: &mut VmtierMigrate) -> i32 {
     // SAFETY: m is a VmtierMigrate; its ranges pointer is either a live array of
     // nr_ranges entries or deliberately bad, which the module must reject with EFAULT
     // without touching our memory elsewhere.
@@ -64,7 +64,7 @@ fn call(k: &Kmod, m: &mut VmtierMigrate) -> i32 {
     }
 }
 
-fn expect(c: &mut Checks, name: &str, got: i32, want: i32) {
+pub(crate) fn expect(c: &mut Checks, name: &str, got: i32, want: i32) {
     c.check(
         got == want,
         name,
@@ -73,10 +73,10 @@ fn expect(c: &mut Checks, name: &str, got: i32, want: i32) {
 }
 
 /// A mapping made by mmap with the given flags and fd, unmapped on drop.
-struct Map(*mut libc::c_void, usize);
+pub(crate) struct Map(*mut libc::c_void, usize);
 
 impl Map {
-    fn new(len: usize, flags: libc::c_int, fd: libc::c_int) -> Option<Self> {
+    pub(crate) fn new(len: usize, flags: libc::c_int, fd: libc::c_int) -> Option<Self> {
         // SAFETY: a fresh mapping; no existing memory is affected.
         let p = unsafe {
             libc::mmap(
@@ -96,7 +96,7 @@ impl Map {
         Some(Self(p, len))
     }
 
-    fn addr(&self) -> u64 {
+    pub(crate) fn addr(&self) -> u64 {
         self.0 as u64
     }
 }
@@ -157,7 +157,7 @@ pub fn run(c: &mut Checks) {
         libc::EINVAL,
     );
     let mut rs2 = [range(a, len)];
-    rs2[0].reserved[1] = 5;
+    rs2[0].reserved = 5;
     let mut m = base_req(&mut rs2);
     expect(
         c,
@@ -209,13 +209,13 @@ pub fn run(c: &mut Checks) {
     // A larger structure from a newer userspace: zero tail accepted, nonzero refused.
     let mut big = [0u64; 32];
     let m0 = base_req(&mut rs);
-    // SAFETY: VmtierMigrate is plain u64s, 21 of them, copied into a 32-word buffer.
+    // SAFETY: VmtierMigrate is plain u64s, 26 of them, copied into a 32-word buffer.
     unsafe {
-        std::ptr::copy_nonoverlapping(std::ptr::addr_of!(m0).cast::<u64>(), big.as_mut_ptr(), 21);
+        std::ptr::copy_nonoverlapping(std::ptr::addr_of!(m0).cast::<u64>(), big.as_mut_ptr(), 26);
     }
     big[0] = 32 * 8;
     // SAFETY: the module reads size (256) bytes from big, which is 256 bytes long.
-    let r = unsafe { k.raw_ioctl(uapi::IOC_MIGRATE, big.as_mut_ptr()) };
+    let r = unsafe { k.raw_ioctl(uapi::ioc_migrate(256), big.as_mut_ptr()) };
     expect(
         c,
         "larger structure, zero tail",
@@ -224,7 +224,7 @@ pub fn run(c: &mut Checks) {
     );
     big[30] = 1;
     // SAFETY: as above.
-    let r = unsafe { k.raw_ioctl(uapi::IOC_MIGRATE, big.as_mut_ptr()) };
+    let r = unsafe { k.raw_ioctl(uapi::ioc_migrate(256), big.as_mut_ptr()) };
     expect(
         c,
         "larger structure, nonzero tail",
@@ -343,7 +343,7 @@ fn unsupported_mappings(c: &mut Checks, k: &Kmod) {
 }
 
 /// capset(2) in the calling thread: keep only `keep` (a capability bit mask) effective.
-fn keep_caps(keep: u32) -> bool {
+pub(crate) fn keep_caps(keep: u32) -> bool {
     #[repr(C)]
     struct Header {
         version: u32,
@@ -379,7 +379,7 @@ fn keep_caps(keep: u32) -> bool {
 const CAP_SYS_NICE: u32 = 23;
 
 /// Runs `f` in a forked child and returns what it exits with.
-fn in_child(f: impl FnOnce() -> i32) -> i32 {
+pub(crate) fn in_child(f: impl FnOnce() -> i32) -> i32 {
     // SAFETY: fork; the child only makes syscalls and exits with _exit.
     match unsafe { libc::fork() } {
         0 => {
@@ -440,15 +440,15 @@ fn permissions(c: &mut Checks, k: &Kmod, buf: &AnonBuf) {
 }
 
 /// A forked child holding a 4K buffer on `node`, stopped until killed.
-struct Victim {
+pub(crate) struct Victim {
     _buf: AnonBuf,
-    pid: libc::pid_t,
-    addr: u64,
-    len: u64,
+    pub(crate) pid: libc::pid_t,
+    pub(crate) addr: u64,
+    pub(crate) len: u64,
 }
 
 impl Victim {
-    fn start(len: usize, node: u32) -> Option<Self> {
+    pub(crate) fn start(len: usize, node: u32) -> Option<Self> {
         let buf = AnonBuf::new_on_node(len, false, node).ok()?;
         let (addr, l) = (buf.addr().raw(), buf.len() as u64);
         // SAFETY: fork; the child only sleeps (its copy of buf is private memory).
@@ -470,7 +470,7 @@ impl Victim {
         }
     }
 
-    fn kill(self) {
+    pub(crate) fn kill(self) {
         // SAFETY: signals and reaps our own child.
         unsafe {
             libc::kill(self.pid, libc::SIGKILL);
@@ -587,68 +587,8 @@ fn fatal_signal(c: &mut Checks) {
     );
 }
 
-fn set(module: &str, name: &str, value: &str) {
+pub(crate) fn set(module: &str, name: &str, value: &str) {
     let _ = fs::write(format!("/sys/module/{module}/parameters/{name}"), value);
-}
-
-/// DMA errors and timeouts from the test provider: every page still arrives intact.
-pub fn dma_faults(c: &mut Checks, len: usize) {
-    let cfg = KmodConfig {
-        engine: CopyEngine::Dma,
-        workers: 2,
-        batch: 1024,
-    };
-    let mut k = match Kmod::open(cfg) {
-        Ok(k) => k,
-        Err(e) => return c.fatal("open /dev/vmtier", e),
-    };
-    for (name, knobs, reset) in [
-        (
-            "DMA errors (every 7th descriptor fails)",
-            vec![("fail_every", "7")],
-            vec![("fail_every", "0")],
-        ),
-        (
-            "DMA timeout (a descriptor stalls past the timeout)",
-            vec![("stall_ms", "3000"), ("stall_every", "1500")],
-            vec![("stall_every", "0")],
-        ),
-    ] {
-        set("vmtier", "dma_timeout_ms", "300");
-        for (kname, v) in &knobs {
-            set("vmtier_test_dma", kname, v);
-        }
-        let (errs0, touts0) = (kstat("dma_errors"), kstat("dma_timeouts"));
-        let buf = match AnonBuf::new_on_node(len, false, 1) {
-            Ok(b) => b,
-            Err(e) => return c.fatal("allocate buffer", e),
-        };
-        let r = k.migrate_ranges(
-            vmtier_core::ProcessId::new(0),
-            &[(buf.addr(), buf.len() as u64)],
-            NodeId::new(0),
-        );
-        for (kname, v) in &reset {
-            set("vmtier_test_dma", kname, v);
-        }
-        set("vmtier", "dma_timeout_ms", "2000");
-        let bad = buf.corrupted_words();
-        match r {
-            Ok(r) => c.check(
-                r.sum(|x| x.moved) == len as u64 / 4096 && r.dma_fallbacks > 0 && bad == 0,
-                name,
-                format!(
-                    "moved {}, {} pages fell back to the CPU, {bad} corrupted words, \
-                     dma_errors +{}, dma_timeouts +{}",
-                    r.sum(|x| x.moved),
-                    r.dma_fallbacks,
-                    kstat("dma_errors") - errs0,
-                    kstat("dma_timeouts") - touts0
-                ),
-            ),
-            Err(e) => c.check(false, name, e),
-        };
-    }
 }
 
 /// rmmod while a migration runs is refused; the migration completes intact. The migration

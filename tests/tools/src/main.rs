@@ -8,8 +8,14 @@ mod daemon;
 mod faults;
 mod guest;
 mod kmod;
+mod kmod_abi;
 mod kmod_bench;
+mod kmod_dma;
 mod kmod_errors;
+mod kmod_fuzz;
+mod kmod_isolation;
+mod kmod_skips;
+mod kmod_writeback;
 mod mem;
 mod sanity;
 mod soak;
@@ -45,6 +51,10 @@ enum Cmd {
     Kmod(kmod::KmodArgs),
     /// move_pages(2) vs the vmtier module's engines: GB/s table and JSON (emulated here).
     KmodBench(kmod_bench::KmodBenchArgs),
+    /// Random and mutated ioctls against a target that maps, unmaps, forks and exits.
+    KmodFuzz(kmod_fuzz::KmodFuzzArgs),
+    /// The module racing swap-out writeback (swap on a slow null_blk device).
+    KmodWriteback(kmod_writeback::KmodWritebackArgs),
     /// vmtierd vs NUMA balancing vs DAMOS on the same guest: table and JSON (figures only).
     BenchE2e(bench_e2e::BenchE2eArgs),
     /// Soak: ≥ N page migrations by vmtierd (move_pages and the module, 4 KiB and THP)
@@ -63,6 +73,8 @@ fn main() -> ExitCode {
         Cmd::DaemonFaults(a) => faults::run(&mut c, &a),
         Cmd::Kmod(a) => kmod::run(&mut c, &a),
         Cmd::KmodBench(a) => kmod_bench::run(&mut c, &a),
+        Cmd::KmodFuzz(a) => kmod_fuzz::run(&mut c, &a),
+        Cmd::KmodWriteback(a) => kmod_writeback::main(&mut c, &a),
         Cmd::BenchE2e(a) => bench_e2e::run(&mut c, &a),
         Cmd::Sources(a) => sources::run(&mut c, &a),
         Cmd::Soak(a) => soak::run(&mut c, &a),

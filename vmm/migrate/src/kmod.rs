@@ -111,10 +111,18 @@ pub struct Capabilities {
     pub max_batch: u64,
     /// Default base pages per batch.
     pub default_batch: u64,
-    /// CPU copy threads available.
+    /// Most CPU copy threads a call may use.
     pub max_workers: u64,
-    /// DMA channels found, by name.
+    /// CPU copy threads of a call that asks for the default (ABI 2; 0 before).
+    pub default_workers: u64,
+    /// Online CPUs copy threads may run on (not isolated) (ABI 2; 0 before).
+    pub housekeeping_cpus: u64,
+    /// `VMTIER_MIGRATE_*` flags the module knows (ABI 2; 0 before).
+    pub migrate_flags: u64,
+    /// DMA channels held, by name.
     pub dma_channels: Vec<String>,
+    /// The driver of each channel's device, as `dma_channels` (ABI 2).
+    pub dma_drivers: Vec<String>,
 }
 
 /// Per-range result of one module call, in base pages.
@@ -132,12 +140,18 @@ pub struct RangeResult {
     pub skipped_hole: u64,
     /// In PMD-mapped THPs, left whole.
     pub skipped_thp: u64,
-    /// Busy, pinned, swapped out or in a PTE-mapped large folio.
+    /// Busy (locked, under writeback, transient references), swapped out, in a
+    /// PTE-mapped large folio, or whose DMA copy was given up.
     pub skipped_busy: u64,
     /// In VMAs the module cannot move (shared, file, hugetlb, I/O).
     pub skipped_shared: u64,
     /// Failed (no memory on the destination, copy error).
     pub failed: u64,
+    /// Pinned for DMA (VFIO, io_uring fixed buffers...), or in a range backed off after
+    /// being found pinned.
+    pub skipped_pinned: u64,
+    /// Also mapped by another process (copy-on-write after fork) or merged by KSM.
+    pub skipped_sharers: u64,
 }
 
 impl RangeResult {
@@ -150,6 +164,47 @@ impl RangeResult {
     pub fn complete(&self) -> bool {
         self.moved + self.on_target + self.skipped_hole == self.pages()
     }
+
+    /// The pages in any of the counts (equals [`Self::pages`] for a processed range).
+    pub fn accounted(&self) -> u64 {
+        self.moved
+            + self.on_target
+            + self.skipped_hole
+            + self.skipped_thp
+            + self.skipped_busy
+            + self.skipped_shared
+            + self.failed
+            + self.skipped_pinned
+            + self.skipped_sharers
+    }
+
+    fn add(&mut self, o: &Self) {
+        self.moved += o.moved;
+        self.on_target += o.on_target;
+        self.skipped_hole += o.skipped_hole;
+        self.skipped_thp += o.skipped_thp;
+        self.skipped_busy += o.skipped_busy;
+        self.skipped_shared += o.skipped_shared;
+        self.failed += o.failed;
+        self.skipped_pinned += o.skipped_pinned;
+        self.skipped_sharers += o.skipped_sharers;
+    }
+
+    fn from_raw(r: &uapi::VmtierRange) -> Self {
+        Self {
+            start: HostVirtAddr::new(r.start),
+            len: r.len,
+            moved: r.moved,
+            on_target: r.on_target,
+            skipped_hole: r.skipped_hole,
+            skipped_thp: r.skipped_thp,
+            skipped_busy: r.skipped_busy,
+            skipped_shared: r.skipped_shared,
+            failed: r.failed,
+            skipped_pinned: r.skipped_pinned,
+            skipped_sharers: r.skipped_sharers,
+        }
+    }
 }
 
 /// The result of one [`Kmod::migrate_ranges`] call.
@@ -157,14 +212,31 @@ impl RangeResult {
 pub struct KmodReport {
     /// One result per range, in request order.
     pub ranges: Vec<RangeResult>,
-    /// Copy engine of the last batch that copied.
+    /// Engine of the last batch that copied.
     pub engine_used: Option<CopyEngine>,
-    /// Threads or channels of that batch.
+    /// Most threads (the calling one included) or channels that copied in one batch.
     pub workers_used: u64,
     /// Pages whose DMA copy failed and that the CPU copied.
     pub dma_fallbacks: u64,
+    /// Pages left in place because their DMA copy could neither finish nor be stopped.
+    pub dma_abandoned: u64,
+    /// Pages unmapped for the copy (pages on the target, pinned, shared, holes and THPs
+    /// are not).
+    pub unmapped: u64,
+    /// Batches that unmapped something.
+    pub batches: u64,
+    /// Pinned pages not sent to the module because their range is backed off after being
+    /// found holding nothing else to move (counted in `skipped_pinned`; the range's other
+    /// pages are reported as the last call found them).
+    pub backed_off: u64,
+    /// Calls that a signal interrupted and that were issued again.
+    pub restarts: u32,
     /// Time spent allocating and copying.
     pub copy_time: Duration,
+    /// Time spent unmapping.
+    pub unmap_time: Duration,
+    /// Time spent remapping.
+    pub remap_time: Duration,
     /// Time inside the module.
     pub total_time: Duration,
 }
@@ -185,26 +257,190 @@ pub enum KmodError {
     /// The ioctl failed.
     #[error("vmtier ioctl failed")]
     Ioctl(#[source] io::Error),
+    /// The kernel's own checks for moving another process's pages (ptrace access and
+    /// the LSM hook, run through a zero-page `move_pages(2)`) refused.
+    #[error("The kernel refuses moving this process's pages")]
+    Access(#[source] io::Error),
 }
 
 impl KmodError {
     /// The errno of the failure.
     pub fn errno(&self) -> Option<i32> {
         match self {
-            Self::Open(e) | Self::Ioctl(e) => e.raw_os_error(),
+            Self::Open(e) | Self::Ioctl(e) | Self::Access(e) => e.raw_os_error(),
         }
     }
 
     fn into_migrate_error(self, pid: ProcessId, node: NodeId) -> Error {
-        match self.errno() {
-            Some(libc::ESRCH) => Error::ProcessGone(pid),
-            Some(libc::EPERM) => Error::PermissionDenied(pid),
-            Some(libc::ENODEV | libc::EACCES) => Error::NodeUnavailable(node),
-            Some(libc::EINVAL | libc::E2BIG) => Error::InvalidRequest(self.to_string()),
+        match (&self, self.errno()) {
+            (_, Some(libc::ESRCH)) => Error::ProcessGone(pid),
+            (Self::Access(_), _) | (_, Some(libc::EPERM)) => Error::PermissionDenied(pid),
+            (_, Some(libc::ENODEV | libc::EACCES)) => Error::NodeUnavailable(node),
+            (_, Some(libc::EINVAL | libc::E2BIG)) => Error::InvalidRequest(self.to_string()),
             _ => Error::Io(match self {
-                Self::Open(e) | Self::Ioctl(e) => e,
+                Self::Open(e) | Self::Ioctl(e) | Self::Access(e) => e,
             }),
         }
+    }
+}
+
+/// `(struct vmtier_query, struct vmtier_migrate)` sizes of this ABI.
+const CURRENT_SIZES: (usize, usize) = (
+    std::mem::size_of::<uapi::VmtierQuery>(),
+    std::mem::size_of::<uapi::VmtierMigrate>(),
+);
+
+/// Calls a range stays backed off after being found pinned: doubles on each retry that
+/// still finds it pinned, up to this.
+const MAX_BACKOFF_CALLS: u64 = 64;
+
+/// Interrupted calls issued again before giving up with `EINTR`.
+const MAX_RESTARTS: u32 = 8;
+
+/// A range found pinned, skipped until call `until`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Backoff {
+    pid: ProcessId,
+    start: u64,
+    end: u64,
+    until: u64,
+    calls: u64,
+    /// What the last call found in the range.
+    last: RangeResult,
+}
+
+/// One piece of a requested range: sent to the module, or backed off.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Piece {
+    range: usize,
+    start: u64,
+    end: u64,
+    backed_off: bool,
+}
+
+/// Splits `ranges` around the active back-off intervals (sorted, disjoint).
+fn split_backed_off(ranges: &[(u64, u64)], active: &[(u64, u64)]) -> Vec<Piece> {
+    let mut out = Vec::with_capacity(ranges.len());
+    for (k, &(start, len)) in ranges.iter().enumerate() {
+        let end = start.saturating_add(len);
+        let mut at = start;
+        for &(s, e) in active.iter().filter(|&&(s, e)| s < end && e > start) {
+            let (s, e) = (s.max(start), e.min(end));
+            if s > at {
+                out.push(Piece {
+                    range: k,
+                    start: at,
+                    end: s,
+                    backed_off: false,
+                });
+            }
+            out.push(Piece {
+                range: k,
+                start: s,
+                end: e,
+                backed_off: true,
+            });
+            at = e;
+        }
+        if at < end || start == end {
+            out.push(Piece {
+                range: k,
+                start: at,
+                end,
+                backed_off: false,
+            });
+        }
+    }
+    out
+}
+
+/// Ranges found holding nothing but pinned pages, skipped for a while, per process.
+#[derive(Debug, Default)]
+struct PinBackoff {
+    entries: Vec<Backoff>,
+    /// `migrate_ranges` calls so far (the back-off clock).
+    calls: u64,
+}
+
+impl PinBackoff {
+    fn tick(&mut self) {
+        self.calls += 1;
+    }
+
+    /// The active back-off intervals of `pid`, sorted.
+    fn active(&self, pid: ProcessId) -> Vec<(u64, u64)> {
+        let mut v: Vec<(u64, u64)> = self
+            .entries
+            .iter()
+            .filter(|b| b.pid == pid && b.until > self.calls)
+            .map(|b| (b.start, b.end))
+            .collect();
+        v.sort_unstable();
+        v
+    }
+
+    /// Records what a module call found about pinned pages in `piece`.
+    fn note(&mut self, pid: ProcessId, piece: &Piece, r: &RangeResult) {
+        let prev = self
+            .entries
+            .iter()
+            .position(|b| b.pid == pid && b.start < piece.end && b.end > piece.start);
+        // Back off only when the pins are all that is left to do in the piece.
+        let only_pins = r.skipped_pinned > 0
+            && r.moved + r.on_target + r.skipped_hole + r.skipped_pinned == r.pages();
+        match (prev, only_pins) {
+            (Some(i), true) => {
+                let b = &mut self.entries[i];
+                b.calls = (b.calls * 2).min(MAX_BACKOFF_CALLS);
+                b.until = self.calls + b.calls;
+                if (b.start, b.end) == (piece.start, piece.end) {
+                    b.last = *r;
+                } else {
+                    b.start = b.start.min(piece.start);
+                    b.end = b.end.max(piece.end);
+                    b.last = RangeResult::default();
+                }
+            }
+            (None, true) => self.entries.push(Backoff {
+                pid,
+                start: piece.start,
+                end: piece.end,
+                until: self.calls + 1,
+                calls: 1,
+                last: *r,
+            }),
+            (Some(i), false) if r.skipped_pinned == 0 => {
+                self.entries.swap_remove(i);
+            }
+            _ => {}
+        }
+    }
+
+    /// What a backed-off piece is reported as: the last call's findings when the piece is
+    /// the range that was found pinned (moved pages are now on the target), else all
+    /// pinned.
+    fn replay(&self, pid: ProcessId, piece: &Piece) -> RangeResult {
+        let pages = (piece.end - piece.start) / PageSize::Base.bytes();
+        let exact = self
+            .entries
+            .iter()
+            .find(|b| b.pid == pid && (b.start, b.end) == (piece.start, piece.end));
+        match exact {
+            Some(b) if b.last.pages() == pages && b.last.skipped_pinned > 0 => RangeResult {
+                on_target: b.last.moved + b.last.on_target,
+                skipped_hole: b.last.skipped_hole,
+                skipped_pinned: b.last.skipped_pinned,
+                ..Default::default()
+            },
+            _ => RangeResult {
+                skipped_pinned: pages,
+                ..Default::default()
+            },
+        }
+    }
+
+    fn forget(&mut self, pid: ProcessId) {
+        self.entries.retain(|b| b.pid != pid);
     }
 }
 
@@ -214,6 +450,10 @@ pub struct Kmod {
     dev: File,
     config: KmodConfig,
     flags: u64,
+    backoff: PinBackoff,
+    /// Structure sizes the module takes: the current ones, or the first version's when
+    /// an ABI 1 module refuses the current ones with `ENOTTY`.
+    sizes: std::cell::Cell<(usize, usize)>,
 }
 
 impl Kmod {
@@ -233,18 +473,30 @@ impl Kmod {
             dev,
             config,
             flags: 0,
+            backoff: PinBackoff::default(),
+            sizes: std::cell::Cell::new(CURRENT_SIZES),
         })
+    }
+
+    fn set_flag(mut self, flag: u64, yes: bool) -> Self {
+        if yes {
+            self.flags |= flag;
+        } else {
+            self.flags &= !flag;
+        }
+        self
     }
 
     /// Count pages of VMAs the module cannot move as skipped instead of failing the call
     /// with `EOPNOTSUPP`.
-    pub fn skip_unsupported(mut self, yes: bool) -> Self {
-        if yes {
-            self.flags |= uapi::MIGRATE_SKIP_UNSUPPORTED;
-        } else {
-            self.flags &= !uapi::MIGRATE_SKIP_UNSUPPORTED;
-        }
-        self
+    pub fn skip_unsupported(self, yes: bool) -> Self {
+        self.set_flag(uapi::MIGRATE_SKIP_UNSUPPORTED, yes)
+    }
+
+    /// Also move pages that other processes map too (copy-on-write after fork, KSM):
+    /// they then move for every process that maps them. Off by default.
+    pub fn move_shared(self, yes: bool) -> Self {
+        self.set_flag(uapi::MIGRATE_SHARED, yes)
     }
 
     /// The configuration in use.
@@ -260,8 +512,9 @@ impl Kmod {
     /// Issues one raw ioctl. `arg` must be the structure `cmd` names.
     ///
     /// # Safety
-    /// `arg` must point to a live, writable structure of the type `cmd` encodes, and any
-    /// user pointers inside it must be valid for what the module reads and writes.
+    /// `arg` must point to a live, writable structure at least as large as the size `cmd`
+    /// encodes, and any user pointers inside it must be valid for what the module reads
+    /// and writes.
     pub unsafe fn raw_ioctl<T>(&self, cmd: u64, arg: *mut T) -> io::Result<()> {
         // SAFETY: the caller guarantees that arg matches cmd; the fd is our open device.
         let r = unsafe { libc::ioctl(self.dev.as_raw_fd(), cmd as libc::c_ulong, arg) };
@@ -272,11 +525,50 @@ impl Kmod {
         }
     }
 
+    /// Issues `VMTIER_IOC_{QUERY,MIGRATE}` (`nr`) on `arg` with the sizes the module
+    /// takes, falling back for good to the first version's when it refuses the current
+    /// ones with `ENOTTY` (an ABI 1 module).
+    fn sized_ioctl<T>(&self, nr: u64, arg: &mut T) -> io::Result<()> {
+        for _ in 0..2 {
+            let (qs, ms) = self.sizes.get();
+            let size = if nr == uapi::IOC_NR_QUERY { qs } else { ms };
+            // SAFETY: the structure's first field; every vmtier structure starts with
+            // its size as a u64.
+            unsafe { std::ptr::from_mut(arg).cast::<u64>().write(size as u64) };
+            // SAFETY: arg is a VmtierQuery or VmtierMigrate (checked by the callers), at
+            // least `size` bytes long and live across the call.
+            let r = unsafe {
+                self.raw_ioctl(
+                    uapi::iowr(uapi::IOC_MAGIC, nr, size),
+                    std::ptr::from_mut(arg),
+                )
+            };
+            match r {
+                Err(e) if e.raw_os_error() == Some(libc::ENOTTY) && (qs, ms) == CURRENT_SIZES => {
+                    self.sizes
+                        .set((uapi::QUERY_SIZE_VER1, uapi::MIGRATE_SIZE_VER1));
+                }
+                r => return r,
+            }
+        }
+        Err(io::Error::from_raw_os_error(libc::ENOTTY))
+    }
+
+    /// The ABI the module speaks, as far as this migrator has seen (1 after an ABI 1
+    /// module refused the current structures).
+    pub fn abi(&self) -> u64 {
+        if self.sizes.get() == CURRENT_SIZES {
+            uapi::ABI_VERSION
+        } else {
+            1
+        }
+    }
+
     /// Asks the module what it can do.
     pub fn query(&self) -> Result<Capabilities, KmodError> {
         let mut q = uapi::VmtierQuery::default();
-        // SAFETY: IOC_QUERY takes a VmtierQuery, which lives across the call.
-        unsafe { self.raw_ioctl(uapi::IOC_QUERY, &mut q) }.map_err(KmodError::Ioctl)?;
+        self.sized_ioctl(uapi::IOC_NR_QUERY, &mut q)
+            .map_err(KmodError::Ioctl)?;
         let mut engines = Vec::new();
         for e in [CopyEngine::Auto, CopyEngine::Cpu, CopyEngine::Dma] {
             if q.engines & (1 << e.raw()) != 0 {
@@ -286,13 +578,15 @@ impl Kmod {
         let n = usize::try_from(q.nr_dma_chans)
             .unwrap_or(0)
             .min(uapi::MAX_DMA_CHANS);
-        let dma_channels = q.dma_names[..n]
-            .iter()
-            .map(|raw| {
-                let end = raw.iter().position(|&b| b == 0).unwrap_or(raw.len());
-                String::from_utf8_lossy(&raw[..end]).into_owned()
-            })
-            .collect();
+        let names = |raw: &[[u8; uapi::DMA_NAME_LEN]]| -> Vec<String> {
+            raw[..n]
+                .iter()
+                .map(|raw| {
+                    let end = raw.iter().position(|&b| b == 0).unwrap_or(raw.len());
+                    String::from_utf8_lossy(&raw[..end]).into_owned()
+                })
+                .collect()
+        };
         Ok(Capabilities {
             abi_version: q.abi_version,
             engines,
@@ -300,33 +594,57 @@ impl Kmod {
             max_batch: q.max_batch,
             default_batch: q.default_batch,
             max_workers: q.max_workers,
-            dma_channels,
+            default_workers: q.default_workers,
+            housekeeping_cpus: q.housekeeping_cpus,
+            migrate_flags: q.migrate_flags,
+            dma_channels: names(&q.dma_names),
+            dma_drivers: names(&q.dma_drivers),
         })
     }
 
-    /// Moves `ranges` (`(start, len)`, page aligned) of `pid` to `node`, up to
-    /// [`uapi::MAX_RANGES`] ranges per ioctl. On an error the counts of earlier calls
-    /// are lost; the module's own partial counts are only in the raw ioctl.
-    pub fn migrate_ranges(
-        &mut self,
-        pid: ProcessId,
-        ranges: &[(HostVirtAddr, u64)],
-        node: NodeId,
-    ) -> Result<KmodReport, KmodError> {
-        let mut report = KmodReport {
-            ranges: Vec::with_capacity(ranges.len()),
-            ..Default::default()
+    /// The kernel's own permission checks for moving `pid`'s pages, which the module
+    /// cannot call (`ptrace_may_access()`, `security_task_movememory()` are not exported):
+    /// `move_pages(2)` with zero pages runs exactly those and moves nothing.
+    pub fn check_access(pid: ProcessId) -> Result<(), KmodError> {
+        if pid.raw() == 0 || u32::try_from(pid.raw()).ok() == Some(std::process::id()) {
+            return Ok(());
+        }
+        // SAFETY: move_pages with count 0 reads and writes no array (all null).
+        let r = unsafe {
+            libc::syscall(
+                libc::SYS_move_pages,
+                pid.raw(),
+                0usize,
+                std::ptr::null::<*const libc::c_void>(),
+                std::ptr::null::<libc::c_int>(),
+                std::ptr::null_mut::<libc::c_int>(),
+                0,
+            )
         };
-        let max = usize::try_from(uapi::MAX_RANGES).unwrap_or(usize::MAX);
-        for chunk in ranges.chunks(max) {
-            let mut raw: Vec<uapi::VmtierRange> = chunk
-                .iter()
-                .map(|&(start, len)| uapi::VmtierRange {
-                    start: start.raw(),
-                    len,
-                    ..Default::default()
-                })
-                .collect();
+        if r < 0 {
+            Err(KmodError::Access(io::Error::last_os_error()))
+        } else {
+            Ok(())
+        }
+    }
+
+    /// Forgets what was learnt about `pid` (it exited, or its layout changed).
+    pub fn forget(&mut self, pid: ProcessId) {
+        self.backoff.forget(pid);
+    }
+
+    /// One `VMTIER_IOC_MIGRATE` for `raw`, issued again (up to [`MAX_RESTARTS`] times)
+    /// when a signal interrupts it; the counts of every attempt are added up.
+    fn ioctl_migrate(
+        &self,
+        pid: ProcessId,
+        node: NodeId,
+        raw: &mut [uapi::VmtierRange],
+        report: &mut KmodReport,
+    ) -> Result<Vec<RangeResult>, KmodError> {
+        let mut sums: Vec<RangeResult> = raw.iter().map(RangeResult::from_raw).collect();
+        let mut moved_before = vec![0u64; raw.len()];
+        for attempt in 0..=MAX_RESTARTS {
             let mut m = uapi::VmtierMigrate {
                 size: std::mem::size_of::<uapi::VmtierMigrate>() as u64,
                 flags: self.flags,
@@ -339,27 +657,99 @@ impl Kmod {
                 batch: u64::from(self.config.batch),
                 ..Default::default()
             };
-            // SAFETY: IOC_MIGRATE takes a VmtierMigrate; `ranges` points to `nr_ranges`
-            // VmtierRange entries in `raw`, which outlives the call and is writable.
-            unsafe { self.raw_ioctl(uapi::IOC_MIGRATE, &mut m) }.map_err(KmodError::Ioctl)?;
-            report.ranges.extend(raw.iter().map(|r| RangeResult {
-                start: HostVirtAddr::new(r.start),
-                len: r.len,
-                moved: r.moved,
-                on_target: r.on_target,
-                skipped_hole: r.skipped_hole,
-                skipped_thp: r.skipped_thp,
-                skipped_busy: r.skipped_busy,
-                skipped_shared: r.skipped_shared,
-                failed: r.failed,
-            }));
+            // `ranges` points to `nr_ranges` VmtierRange entries in `raw`, which outlives
+            // the call and is writable.
+            let r = self.sized_ioctl(uapi::IOC_NR_MIGRATE, &mut m);
             if m.engine_used != 0 {
                 report.engine_used = Some(CopyEngine::from_raw(m.engine_used));
                 report.workers_used = m.workers_used;
             }
             report.dma_fallbacks += m.dma_fallbacks;
+            report.dma_abandoned += m.dma_abandoned;
+            report.unmapped += m.unmapped;
+            report.batches += m.batches;
             report.copy_time += Duration::from_nanos(m.copy_ns);
+            report.unmap_time += Duration::from_nanos(m.unmap_ns);
+            report.remap_time += Duration::from_nanos(m.remap_ns);
             report.total_time += Duration::from_nanos(m.total_ns);
+            let interrupted = matches!(&r, Err(e) if e.raw_os_error() == Some(libc::EINTR));
+            if interrupted && attempt < MAX_RESTARTS {
+                // Pages moved so far are on the target next time: keep their count.
+                for (mb, x) in moved_before.iter_mut().zip(raw.iter()) {
+                    *mb += x.moved;
+                }
+                report.restarts += 1;
+                continue;
+            }
+            r.map_err(KmodError::Ioctl)?;
+            for ((s, x), mb) in sums.iter_mut().zip(raw.iter()).zip(&moved_before) {
+                let mut res = RangeResult::from_raw(x);
+                res.moved += mb;
+                res.on_target = res.on_target.saturating_sub(*mb);
+                *s = res;
+            }
+            break;
+        }
+        Ok(sums)
+    }
+
+    /// Moves `ranges` (`(start, len)`, page aligned) of `pid` to `node`, up to
+    /// [`uapi::MAX_RANGES`] ranges per ioctl. Another process is first checked with the
+    /// kernel's own `move_pages(2)` permission checks ([`Self::check_access`]). Ranges
+    /// found holding nothing but pinned pages are not sent again for a while (1, 2, 4 …
+    /// 64 calls): their pages are reported in `skipped_pinned` and `backed_off`. On an
+    /// error the counts of earlier calls are lost; the module's own partial counts are
+    /// only in the raw ioctl.
+    pub fn migrate_ranges(
+        &mut self,
+        pid: ProcessId,
+        ranges: &[(HostVirtAddr, u64)],
+        node: NodeId,
+    ) -> Result<KmodReport, KmodError> {
+        Self::check_access(pid)?;
+        self.backoff.tick();
+        let mut report = KmodReport {
+            ranges: ranges
+                .iter()
+                .map(|&(start, len)| RangeResult {
+                    start,
+                    len,
+                    ..Default::default()
+                })
+                .collect(),
+            ..Default::default()
+        };
+        let raw_ranges: Vec<(u64, u64)> = ranges.iter().map(|&(s, l)| (s.raw(), l)).collect();
+        let pieces = split_backed_off(&raw_ranges, &self.backoff.active(pid));
+        let (sent, held): (Vec<Piece>, Vec<Piece>) = pieces.iter().partition(|p| !p.backed_off);
+        for p in &held {
+            let r = self.backoff.replay(pid, p);
+            report.backed_off += r.skipped_pinned;
+            report.ranges[p.range].add(&r);
+        }
+        let max = usize::try_from(uapi::MAX_RANGES).unwrap_or(usize::MAX);
+        for chunk in sent.chunks(max) {
+            let mut raw: Vec<uapi::VmtierRange> = chunk
+                .iter()
+                .map(|p| uapi::VmtierRange {
+                    start: p.start,
+                    len: p.end - p.start,
+                    ..Default::default()
+                })
+                .collect();
+            let res = match self.ioctl_migrate(pid, node, &mut raw, &mut report) {
+                Ok(res) => res,
+                Err(e) => {
+                    if e.errno() == Some(libc::ESRCH) {
+                        self.backoff.forget(pid);
+                    }
+                    return Err(e);
+                }
+            };
+            for (p, r) in chunk.iter().zip(&res) {
+                report.ranges[p.range].add(r);
+                self.backoff.note(pid, p, r);
+            }
         }
         Ok(report)
     }
@@ -535,14 +925,28 @@ impl Migrator for Combined {
                     for (k, (run, res)) in runs.iter().zip(&kr.ranges).enumerate() {
                         let end = runs.get(k + 1).map_or(sub.len(), |r| r.2);
                         bytes += res.moved * PageSize::Base.bytes();
+                        let idx = &mine[run.2..end];
                         if res.moved + res.on_target == res.pages() {
-                            for &i in &mine[run.2..end] {
+                            for &i in idx {
                                 outcomes[i] = PageOutcome::OnTarget;
                             }
-                        } else {
-                            // THP, shared or busy parts: move_pages decides page by page.
-                            rest.extend_from_slice(&mine[run.2..end]);
-                            fallback_pages += (end - run.2) as u64;
+                            continue;
+                        }
+                        // Which pages are where now: holes are done, pinned and shared pages
+                        // are final for this call (the caller retries later, with back-off);
+                        // the rest (THP, other VMAs, busy, failed) goes to move_pages.
+                        let mut here = vec![PageOutcome::Busy; idx.len()];
+                        requery(pid, &sub[run.2..end], target, &mut here)?;
+                        let move_pages_can =
+                            res.skipped_thp + res.skipped_shared + res.skipped_busy + res.failed
+                                > 0;
+                        for (&i, o) in idx.iter().zip(here) {
+                            if o == PageOutcome::Busy && move_pages_can {
+                                rest.push(i);
+                                fallback_pages += 1;
+                            } else {
+                                outcomes[i] = o;
+                            }
                         }
                     }
                 }
@@ -642,6 +1046,77 @@ mod tests {
         assert!(c.for_kmod(q, &base(0x1000)));
         c.remove_layout(p);
         assert!(c.for_kmod(p, &base(0x1000)));
+    }
+
+    #[test]
+    fn backed_off_intervals_split_ranges() {
+        let p = split_backed_off(&[(0x1000, 0x9000), (0x20000, 0x1000)], &[(0x3000, 0x5000)]);
+        let got: Vec<(usize, u64, u64, bool)> = p
+            .iter()
+            .map(|p| (p.range, p.start, p.end, p.backed_off))
+            .collect();
+        assert_eq!(
+            got,
+            vec![
+                (0, 0x1000, 0x3000, false),
+                (0, 0x3000, 0x5000, true),
+                (0, 0x5000, 0xa000, false),
+                (1, 0x20000, 0x21000, false),
+            ]
+        );
+        // A zero-length range still reaches the module (which refuses it).
+        assert_eq!(split_backed_off(&[(0x1000, 0)], &[]).len(), 1);
+    }
+
+    #[test]
+    fn pinned_ranges_back_off_exponentially_and_reset() {
+        let pid = ProcessId::new(7);
+        let piece = Piece {
+            range: 0,
+            start: 0x10_0000,
+            end: 0x20_0000,
+            backed_off: false,
+        };
+        let pinned = RangeResult {
+            len: 0x10_0000,
+            on_target: 56,
+            skipped_pinned: 200,
+            ..Default::default()
+        };
+        let mut b = PinBackoff::default();
+        let mut skipped = Vec::new();
+        for _ in 0..12 {
+            b.tick();
+            let active = !b.active(pid).is_empty();
+            skipped.push(active);
+            if !active {
+                b.note(pid, &piece, &pinned);
+            }
+        }
+        // Tried at calls 1, 2, 4, 8: skipped for 1, 2, 4 calls in between.
+        let tried: Vec<usize> = (0..12).filter(|&i| !skipped[i]).map(|i| i + 1).collect();
+        assert_eq!(tried, vec![1, 2, 4, 8]);
+        assert!(b.active(ProcessId::new(8)).is_empty());
+        // Unpinned: the next try that finds no pins forgets the range.
+        while !b.active(pid).is_empty() {
+            b.tick();
+        }
+        let free = RangeResult {
+            len: 0x10_0000,
+            moved: 256,
+            ..Default::default()
+        };
+        b.note(pid, &piece, &free);
+        assert!(b.entries.is_empty());
+        // A range with movable pages left besides the pins is not backed off.
+        let mixed = RangeResult {
+            len: 0x10_0000,
+            skipped_busy: 10,
+            skipped_pinned: 246,
+            ..Default::default()
+        };
+        b.note(pid, &piece, &mixed);
+        assert!(b.entries.is_empty());
     }
 
     #[test]
