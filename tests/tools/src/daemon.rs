@@ -330,6 +330,8 @@ pub fn run(c: &mut Checks, a: &DaemonArgs) {
         g.qmp.display(),
         a.budget.0 >> 10
     );
+    // Before vmtierd starts: it moves pages from its first tick on.
+    let kmod_moved0 = crate::kmod::kstat("pages_moved");
     let d = match Daemon::start(&dir, &socket, &config) {
         Ok(d) => d,
         Err(e) => return c.fatal("start vmtierd", e),
@@ -356,7 +358,6 @@ pub fn run(c: &mut Checks, a: &DaemonArgs) {
         .find(|l| l.contains("migrator:"))
         .unwrap_or("")
         .to_owned();
-    let kmod_moved0 = crate::kmod::kstat("pages_moved");
     if a.migrator == "kmod" {
         c.check(
             migrator_line.contains("kernel module"),

@@ -12,8 +12,7 @@ use vmtier_migrate::{CopyEngine, Kmod, KmodConfig};
 use crate::check::Checks;
 use crate::kmod::describe;
 use crate::mem::AnonBuf;
-
-const TRACING: &str = "/sys/kernel/tracing";
+use crate::tracing::Instance;
 
 /// Pins the calling thread to `cpu`.
 fn pin_to(cpu: usize) -> bool {
@@ -76,11 +75,14 @@ pub fn run(c: &mut Checks) {
         "no kernel thread of the module exists (none bound to an isolated CPU)",
         format!("{kt:?}"),
     );
-    let w = |file: &str, v: &str| fs::write(format!("{TRACING}/{file}"), v).is_ok();
-    let traced = w("tracing_on", "0")
-        && w("trace", "")
-        && w("events/workqueue/workqueue_execute_start/enable", "1")
-        && w("tracing_on", "1");
+    let inst = Instance::new(
+        "isolation",
+        &["workqueue/workqueue_execute_start"],
+        1024,
+        None,
+    )
+    .and_then(|i| i.on().map(|()| i));
+    let traced = inst.is_ok();
     let buf = match AnonBuf::new_on_node(16 << 20, false, 1) {
         Ok(b) => b,
         Err(e) => return c.fatal("allocate buffer", e),
@@ -110,15 +112,21 @@ pub fn run(c: &mut Checks) {
             r.map_or_else(|e| e, |r| describe(&r))
         ));
     }
-    let _ = w("tracing_on", "0");
+    if let Ok(i) = &inst {
+        let _ = i.off();
+    }
     pin_to(0);
     c.check(
         ok && buf.corrupted_words() == 0,
         "3 threads asked: 2 used (the housekeeping CPUs), data intact",
         details.join("; "),
     );
-    let trace = fs::read_to_string(format!("{TRACING}/trace")).unwrap_or_default();
-    let _ = w("events/workqueue/workqueue_execute_start/enable", "0");
+    let trace = inst
+        .as_ref()
+        .ok()
+        .and_then(|i| i.text().ok())
+        .unwrap_or_default();
+    drop(inst);
     let cpus: Vec<usize> = trace
         .lines()
         .filter(|l| l.contains("vt_chunk_fn"))

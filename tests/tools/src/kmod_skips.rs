@@ -20,31 +20,30 @@ use crate::check::Checks;
 use crate::kmod::{describe, kstat};
 use crate::kmod_errors::{base_req, call, errno_name, range, Victim};
 use crate::mem::AnonBuf;
+use crate::tracing::Instance;
 
 const MIB: usize = 1 << 20;
-const TRACING: &str = "/sys/kernel/tracing";
 
 /// Counts `migrate:remove_migration_pte` events of this process around `f`.
 fn remaps<T>(f: impl FnOnce() -> T) -> (T, Option<usize>) {
-    let w = |file: &str, v: &str| fs::write(format!("{TRACING}/{file}"), v).is_ok();
-    let ok = w("tracing_on", "0")
-        && w("buffer_size_kb", "8192")
-        && w("trace", "")
-        && w("set_event_pid", &std::process::id().to_string())
-        && w("events/migrate/remove_migration_pte/enable", "1")
-        && w("tracing_on", "1");
+    let inst = Instance::new(
+        "remaps",
+        &["migrate/remove_migration_pte"],
+        8192,
+        Some(std::process::id()),
+    )
+    .and_then(|i| i.on().map(|()| i));
     let out = f();
-    let _ = w("tracing_on", "0");
-    let n = fs::read_to_string(format!("{TRACING}/trace"))
-        .ok()
-        .map(|t| {
+    let n = inst.ok().and_then(|i| {
+        i.off().ok()?;
+        let t = i.text().ok()?;
+        Some(
             t.lines()
                 .filter(|l| l.contains("remove_migration_pte"))
-                .count()
-        });
-    let _ = w("events/migrate/remove_migration_pte/enable", "0");
-    let _ = w("set_event_pid", "");
-    (out, n.filter(|_| ok))
+                .count(),
+        )
+    });
+    (out, n)
 }
 
 fn me() -> ProcessId {

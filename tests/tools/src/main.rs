@@ -20,6 +20,7 @@ mod mem;
 mod sanity;
 mod soak;
 mod sources;
+mod tracing;
 
 use std::process::ExitCode;
 
