@@ -96,7 +96,7 @@ fuzz-kmod: build
 # vmtierd vs NUMA balancing (tiering mode) vs DAMOS migrate_hot/cold on the same guest under
 # the same physical DRAM budget, in one testbed run: table + target/bench/e2e.json (docs/daemon.md).
 bench-e2e: build
-	tests/testbed/run --quiet --timeout 600 -- $(BIN)/tbcheck bench-e2e --elf $(GUEST) --out $(TARGET)/bench/e2e.json; \
+	tests/testbed/run --quiet --timeout 3000 -- $(BIN)/tbcheck bench-e2e --elf $(GUEST) --out $(TARGET)/bench/e2e.json $(E2E_ARGS); \
 	rc=$$?; run=$$(ls -td $(TARGET)/testbed/runs/*/ | head -n 1); \
 	sed -n '/^bench-e2e:/,/ passed, [0-9]* failed$$/p' $$run/console.log | grep -v '^\[ *[0-9.]*\]'; exit $$rc
 

@@ -44,6 +44,11 @@ static const struct param params[P_COUNT] = {
 	PARAM(P_INJECT,		inject,		KIND_NUM,	1),
 	PARAM(P_SWEEP_EVERY,	sweep_every,	KIND_NUM,	1000000),
 	PARAM(P_MAX_REPORTS,	max_reports,	KIND_NUM,	0xffffffffu),
+	PARAM(P_WARM,		warm,		KIND_SIZE,	0xffffffffu),
+	PARAM(P_WARM_OFFSET,	warm_offset,	KIND_SIZE,	0xffffffffu),
+	PARAM(P_WARM_PCT,	warm_pct,	KIND_NUM,	100),
+	PARAM(P_SCAN_AT,	scan_at,	KIND_NUM,	MAX_SECONDS),
+	PARAM(P_SCAN_FOR,	scan_for,	KIND_NUM,	MAX_SECONDS),
 };
 
 static const char *const pattern_names[] = {
@@ -67,6 +72,7 @@ static void config_defaults(struct wg_config *cfg)
 	cfg->write_pct = 50;
 	cfg->sweep_every = 64;
 	cfg->max_reports = 10000;
+	cfg->warm_pct = 20;
 	/* hot and shift_to depend on the fill area: resolved by the caller */
 }
 

@@ -27,6 +27,11 @@ enum wg_param_id {
 	P_INJECT,
 	P_SWEEP_EVERY,
 	P_MAX_REPORTS,
+	P_WARM,
+	P_WARM_OFFSET,
+	P_WARM_PCT,
+	P_SCAN_AT,
+	P_SCAN_FOR,
 	P_COUNT,
 };
 
@@ -44,6 +49,11 @@ struct wg_config {
 	uint32_t inject;	/* test only: corrupt one word after the fill */
 	uint32_t sweep_every;	/* hot touches per background-swept page */
 	uint32_t max_reports;	/* WG corrupt lines printed at most, 0 = all */
+	uint32_t warm;		/* second (uniform) hot set, bytes, 0 = none */
+	uint32_t warm_offset;	/* its start, from the fill-area start */
+	uint32_t warm_pct;	/* percent of touches that go to it */
+	uint32_t scan_at;	/* seconds until a scan phase starts, 0 = none */
+	uint32_t scan_for;	/* seconds the scan phase lasts */
 	uint32_t given;		/* bitmap of enum wg_param_id */
 };
 

@@ -44,6 +44,11 @@ struct run_state {
 	uint32_t fill_start;
 	uint32_t touch_rng;
 	uint32_t write_pct;
+	uint32_t warm_first;	/* second hot set: first page, pages */
+	uint32_t warm_pages;
+	uint32_t warm_pct;
+	uint32_t warm_rng;
+	uint32_t scanned;	/* pages swept by the scan phase */
 };
 
 static void __attribute__((noreturn)) fail(const char *msg)
@@ -118,6 +123,14 @@ static void resolve_hot(struct wg_config *cfg, uint32_t fill_bytes)
 		cfg->shift_to = cfg->hot_offset + cfg->hot -
 			(cfg->hot_offset + cfg->hot >= fill_bytes ? fill_bytes : 0);
 	cfg->shift_to %= fill_bytes;
+	if (cfg->warm > fill_bytes) {
+		kprintf("WG error warm=%u exceeds the fill area of %u bytes\n",
+			cfg->warm, fill_bytes);
+		wg_exit(WG_EXIT_ERROR);
+	}
+	if (!CONFIG_GIVEN(cfg, P_WARM_OFFSET))
+		cfg->warm_offset = fill_bytes / 2;
+	cfg->warm_offset = ALIGN_DOWN(cfg->warm_offset % fill_bytes, PAGE_SIZE);
 }
 
 static uint32_t hot_start_gpa(const struct run_state *rs)
@@ -130,6 +143,21 @@ static void touch_batch(struct run_state *rs, uint32_t n)
 	uint32_t pages[TOUCH_BATCH];
 
 	hot_next_pages(pages, n);
+	if (rs->warm_pages) {
+		uint32_t i;
+
+		/* warm_pct of the touches go to the second set, uniformly. */
+		for (i = 0; i < n; i++) {
+			uint32_t p;
+
+			if (scale_u32(rng_next(&rs->warm_rng), 100) >=
+			    rs->warm_pct)
+				continue;
+			p = rs->warm_first +
+			    scale_u32(rng_next(&rs->warm_rng), rs->warm_pages);
+			pages[i] = p >= rs->area_pages ? p - rs->area_pages : p;
+		}
+	}
 	pat_touch_batch(pages, n, &rs->touch_rng, rs->write_pct);
 	rs->touches += n;
 }
@@ -162,6 +190,9 @@ static void run_loop(const struct wg_config *cfg, struct run_state *rs)
 	uint32_t until_sweep = cfg->sweep_every;
 	bool shift_pending = cfg->shift_after != 0;
 	bool hot = hot_pages() != 0;
+	uint32_t scan_start = cfg->scan_at * 1000u;
+	uint32_t scan_end = scan_start + cfg->scan_for * 1000u;
+	bool scanning = false, scan_done = !cfg->scan_at || !cfg->scan_for;
 
 	for (;;) {
 		uint32_t n = TOUCH_BATCH, now;
@@ -176,7 +207,26 @@ static void run_loop(const struct wg_config *cfg, struct run_state *rs)
 			until_sweep = cfg->sweep_every;
 		}
 
+		/* The scan phase sweeps one page per hot touch. */
+		if (scanning) {
+			uint32_t i;
+
+			for (i = 0; i < n; i++)
+				sweep_one(rs);
+			rs->scanned += n;
+		}
+
 		now = clock_ms_since(rs->tsc0);
+		if (!scan_done && !scanning && now >= scan_start) {
+			scanning = true;
+			kprintf("WG scan start t_ms=%u\n", now);
+		}
+		if (scanning && now >= scan_end) {
+			scanning = false;
+			scan_done = true;
+			kprintf("WG scan end t_ms=%u pages=%u\n", now,
+				rs->scanned);
+		}
 		if (cfg->report && now >= next_report) {
 			print_progress(rs, now);
 			next_report = now - now % (cfg->report * 1000u) +
@@ -190,9 +240,28 @@ static void run_loop(const struct wg_config *cfg, struct run_state *rs)
 		}
 		if (cfg->duration && now >= cfg->duration * 1000u)
 			return;
-		if (console_getc() == 'q') {
+		switch (console_getc()) {
+		case 'q':
 			kprintf("WG stop t_ms=%u\n", now);
 			return;
+		case 's':	/* move the hot set now (once) */
+			if (shift_pending || !cfg->shift_after) {
+				shift_pending = false;
+				hot_move(cfg->shift_to >> PAGE_SHIFT);
+				kprintf("WG hotshift t_ms=%u hot_start=0x%x\n",
+					now, hot_start_gpa(rs));
+			}
+			break;
+		case 'c':	/* start a scan phase of scan_for seconds now */
+			if (!scanning && cfg->scan_for) {
+				scanning = true;
+				scan_done = true;
+				scan_end = now + cfg->scan_for * 1000u;
+				kprintf("WG scan start t_ms=%u\n", now);
+			}
+			break;
+		default:
+			break;
 		}
 	}
 }
@@ -261,10 +330,16 @@ void __attribute__((noreturn)) wg_main(uint32_t magic,
 	rs.area_pages = area_pages;
 	rs.touch_rng = rng_seed(cfg.seed, 0x70c);
 	rs.write_pct = cfg.write_pct;
+	rs.warm_first = cfg.warm_offset >> PAGE_SHIFT;
+	rs.warm_pages = ALIGN_UP(cfg.warm, PAGE_SIZE) >> PAGE_SHIFT;
+	rs.warm_pct = cfg.warm_pct;
+	rs.warm_rng = rng_seed(cfg.seed, 0x3a7);
 	kprintf("WG start ram_bytes=%u fill_start=0x%x fill_end=0x%x "
-		"hot_start=0x%x hot_bytes=%u pattern=%s duration_s=%u\n",
+		"hot_start=0x%x hot_bytes=%u pattern=%s duration_s=%u "
+		"warm_start=0x%x warm_bytes=%u\n",
 		ram.bytes, fill_start, fill_end, hot_start_gpa(&rs), hot_bytes,
-		config_pattern_name(cfg.pattern), cfg.duration);
+		config_pattern_name(cfg.pattern), cfg.duration,
+		fill_start + cfg.warm_offset, rs.warm_pages << PAGE_SHIFT);
 
 	t0 = rdtsc();
 	pat_fill();

@@ -247,6 +247,15 @@ impl Guest {
         }
     }
 
+    /// Sends one command byte on the guest's serial input (`s`: move the hot set now, `c`:
+    /// start a scan phase now; docs/workload-guest.md).
+    pub fn send(&mut self, cmd: u8) -> std::io::Result<()> {
+        match self.stdin.as_mut() {
+            Some(s) => s.write_all(&[cmd]).and_then(|()| s.flush()),
+            None => Err(std::io::Error::other("the guest's input is closed")),
+        }
+    }
+
     /// Asks the guest to finish (final sweep, `WG done`) through its serial input.
     pub fn request_stop(&mut self) {
         if let Some(mut s) = self.stdin.take() {

@@ -1,0 +1,257 @@
+//! Host set-up for the end-to-end benchmark: the kernel knobs each manager needs (restored as
+//! found), the node-0 balloon that makes the DRAM every manager can reach equal, the memory
+//! cgroup DAMOS is limited to, THP on or off, and readings of vmstat, node memory and
+//! watermarks.
+
+use std::collections::BTreeMap;
+use std::fs;
+use std::time::Duration;
+
+use crate::mem::AnonBuf;
+
+pub const PAGE: u64 = 4096;
+const NUMAB: &str = "/proc/sys/kernel/numa_balancing";
+const DEMOTION: &str = "/sys/kernel/mm/numa/demotion_enabled";
+const THP: &str = "/sys/kernel/mm/transparent_hugepage/enabled";
+const CGROUP: &str = "/sys/fs/cgroup";
+/// The memory cgroup QEMU is started in, so DAMOS (paddr) can be limited to its memory.
+pub const CGROUP_NAME: &str = "vmtier-bench";
+
+fn write(path: &str, val: &str) -> Result<(), String> {
+    fs::write(path, val).map_err(|e| format!("write {val:?} to {path}: {e}"))
+}
+
+pub fn read(path: &str) -> String {
+    fs::read_to_string(path)
+        .unwrap_or_default()
+        .trim()
+        .to_owned()
+}
+
+/// Every counter of /proc/vmstat.
+pub fn vmstat_all() -> BTreeMap<String, u64> {
+    fs::read_to_string("/proc/vmstat")
+        .unwrap_or_default()
+        .lines()
+        .filter_map(|l| {
+            let (k, v) = l.split_once(' ')?;
+            Some((k.to_owned(), v.trim().parse().ok()?))
+        })
+        .collect()
+}
+
+/// `MemFree` of a node, bytes.
+pub fn node_free(node: u32) -> u64 {
+    read(&format!("/sys/devices/system/node/node{node}/meminfo"))
+        .lines()
+        .find(|l| l.contains("MemFree:"))
+        .and_then(|l| l.split_whitespace().nth(3)?.parse::<u64>().ok())
+        .unwrap_or(0)
+        << 10
+}
+
+/// A node's zone watermarks, summed over its zones, in bytes.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Watermarks {
+    pub min: u64,
+    pub low: u64,
+    pub high: u64,
+    /// kswapd's target in NUMA balancing's tiering mode (`high` where the kernel has none).
+    pub promo: u64,
+}
+
+impl Watermarks {
+    pub fn to_json(self) -> serde_json::Value {
+        serde_json::json!({"min": self.min, "low": self.low, "high": self.high, "promo": self.promo})
+    }
+}
+
+/// Reads a node's watermarks from /proc/zoneinfo.
+pub fn watermarks(node: u32) -> Watermarks {
+    let zi = fs::read_to_string("/proc/zoneinfo").unwrap_or_default();
+    let mut inside = false;
+    let mut w = Watermarks::default();
+    for l in zi.lines() {
+        if let Some(rest) = l.strip_prefix("Node ") {
+            inside = rest.split(',').next() == Some(&node.to_string());
+            continue;
+        }
+        let mut f = l.split_whitespace();
+        if let (true, Some(k), Some(Ok(v)), None) =
+            (inside, f.next(), f.next().map(str::parse::<u64>), f.next())
+        {
+            match k {
+                "min" => w.min += v * PAGE,
+                "low" => w.low += v * PAGE,
+                "high" => w.high += v * PAGE,
+                "promo" => w.promo += v * PAGE,
+                _ => {}
+            }
+        }
+    }
+    if w.promo == 0 {
+        w.promo = w.high;
+    }
+    w
+}
+
+/// Physical range `[start, end)` of a node's memory blocks.
+pub fn node_phys_range(node: u32) -> Option<(u64, u64)> {
+    let block =
+        u64::from_str_radix(&read("/sys/devices/system/memory/block_size_bytes"), 16).ok()?;
+    let ids: Vec<u64> = fs::read_dir(format!("/sys/devices/system/node/node{node}"))
+        .ok()?
+        .flatten()
+        .filter_map(|e| e.file_name().to_str()?.strip_prefix("memory")?.parse().ok())
+        .collect();
+    Some((ids.iter().min()? * block, (ids.iter().max()? + 1) * block))
+}
+
+/// An mlock'ed anonymous buffer placed on node 0: DRAM the guest cannot get (mlocked pages
+/// are unevictable, so demotion cannot move it either).
+pub struct Balloon {
+    _buf: Option<AnonBuf>,
+    /// Bytes held.
+    pub bytes: u64,
+    /// Node 0's free memory before and after inflating.
+    pub free_before: u64,
+    pub free_after: u64,
+    /// Node 0's free memory it aimed at.
+    pub target_free: u64,
+}
+
+impl Balloon {
+    /// Inflates until node 0 has about `target_free` bytes free (2 MiB steps).
+    pub fn inflate_to(target_free: u64) -> Result<Self, String> {
+        let free_before = node_free(0);
+        let bytes = free_before.saturating_sub(target_free) & !((2 << 20) - 1);
+        let buf = if bytes == 0 {
+            None
+        } else {
+            let len = usize::try_from(bytes).map_err(|e| e.to_string())?;
+            let buf = AnonBuf::new_on_node(len, false, 0).map_err(|e| e.to_string())?;
+            // SAFETY: mlock on our own mapping, all of which is populated.
+            if unsafe { libc::mlock(buf.addr().raw() as *const libc::c_void, buf.len()) } != 0 {
+                return Err(std::io::Error::last_os_error().to_string());
+            }
+            Some(buf)
+        };
+        // Let the per-CPU page lists settle before reading the result.
+        std::thread::sleep(Duration::from_millis(200));
+        Ok(Self {
+            _buf: buf,
+            bytes,
+            free_before,
+            free_after: node_free(0),
+            target_free,
+        })
+    }
+}
+
+/// Saves `numa_balancing`, `demotion_enabled` and THP's `enabled` and restores them when
+/// dropped.
+pub struct Knobs {
+    numab: String,
+    demotion: String,
+    thp: String,
+}
+
+impl Knobs {
+    pub fn save() -> Self {
+        Self {
+            numab: read(NUMAB),
+            demotion: read(DEMOTION),
+            thp: thp_mode(),
+        }
+    }
+
+    /// `numa_balancing` and `demotion_enabled` as found: `"1/true"`.
+    pub fn found(&self) -> String {
+        format!("{}/{}", self.numab, self.demotion)
+    }
+
+    /// The same two knobs now.
+    pub fn now() -> String {
+        format!("{}/{}", read(NUMAB), read(DEMOTION))
+    }
+
+    /// Sets `numa_balancing` and `demotion_enabled`.
+    pub fn set_kernel_tiering(numab: &str, demotion: &str) -> Result<(), String> {
+        write(NUMAB, numab)?;
+        write(DEMOTION, demotion)
+    }
+
+    /// THP `always`, `madvise` or `never` for memory mapped from now on.
+    pub fn set_thp(mode: &str) -> Result<(), String> {
+        write(THP, mode)
+    }
+}
+
+impl Drop for Knobs {
+    fn drop(&mut self) {
+        let _ = Self::set_kernel_tiering(&self.numab, &self.demotion);
+        if !self.thp.is_empty() {
+            let _ = Self::set_thp(&self.thp);
+        }
+    }
+}
+
+/// The selected THP mode (the word in brackets).
+pub fn thp_mode() -> String {
+    let s = read(THP);
+    s.split('[')
+        .nth(1)
+        .and_then(|r| r.split(']').next())
+        .unwrap_or_default()
+        .to_owned()
+}
+
+/// Moves this process into (`true`) or out of (`false`) the bench's memory cgroup: QEMU
+/// started in between is charged there.
+pub fn join_cgroup(inside: bool) -> Result<(), String> {
+    let me = std::process::id().to_string();
+    if inside {
+        let _ = write(&format!("{CGROUP}/cgroup.subtree_control"), "+memory");
+        let _ = fs::create_dir_all(format!("{CGROUP}/{CGROUP_NAME}"));
+        write(&format!("{CGROUP}/{CGROUP_NAME}/cgroup.procs"), &me)
+    } else {
+        write(&format!("{CGROUP}/cgroup.procs"), &me)
+    }
+}
+
+/// Removes the bench's cgroup (once its processes are gone).
+pub fn remove_cgroup() {
+    let _ = fs::remove_dir(format!("{CGROUP}/{CGROUP_NAME}"));
+}
+
+/// User + system CPU time of a process (or thread) in seconds, from /proc/PID/stat.
+pub fn cpu_seconds(pid: u32) -> Option<f64> {
+    let stat = fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // Fields after the command name, which may hold spaces and ends at the last ')'.
+    let rest = &stat[stat.rfind(')')? + 2..];
+    let f: Vec<&str> = rest.split_whitespace().collect();
+    let (utime, stime): (u64, u64) = (f.get(11)?.parse().ok()?, f.get(12)?.parse().ok()?);
+    // SAFETY: sysconf has no memory effects.
+    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) };
+    #[allow(clippy::cast_precision_loss)]
+    let s = (utime + stime) as f64 / hz.max(1) as f64;
+    Some(s)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cpu_seconds_of_self_grows_while_spinning() {
+        let first = cpu_seconds(std::process::id()).expect("own /proc/PID/stat");
+        let t = std::time::Instant::now();
+        let mut x = 0u64;
+        while cpu_seconds(std::process::id()).unwrap_or(0.0) <= first {
+            assert!(t.elapsed() < Duration::from_secs(20), "CPU time never grew");
+            for i in 0..1_000_000u64 {
+                x = std::hint::black_box(x.wrapping_mul(31).wrapping_add(i));
+            }
+        }
+    }
+}
