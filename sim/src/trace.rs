@@ -99,6 +99,11 @@ pub enum Error {
     TooLarge(u64),
 }
 
+/// The marker id reserved for the start of a recorded epoch (`docs/trace-format.md`): a trace
+/// that carries it is replayed one simulator tick per epoch. Other ids are free (generators use
+/// small phase numbers).
+pub const EPOCH_MARKER: u64 = 0xffff_ffff;
+
 /// A marker in the access stream (a phase change of a generator, a workload event).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Marker {
@@ -154,6 +159,25 @@ impl Trace {
             at: self.accesses.len() as u64,
             id,
         });
+    }
+
+    /// Access indices where epochs start (markers with [`EPOCH_MARKER`]), strictly
+    /// increasing, without 0 and without the end: the tick boundaries of an epoch trace.
+    /// Empty when the trace has no epochs.
+    pub fn epoch_bounds(&self) -> Vec<u64> {
+        let total = self.accesses.len() as u64;
+        let mut v: Vec<u64> = Vec::new();
+        for m in self.markers.iter().filter(|m| m.id == EPOCH_MARKER) {
+            if m.at > 0 && m.at < total && v.last().map_or(true, |&l| m.at > l) {
+                v.push(m.at);
+            }
+        }
+        v
+    }
+
+    /// Whether the trace carries epoch markers.
+    pub fn has_epochs(&self) -> bool {
+        self.markers.iter().any(|m| m.id == EPOCH_MARKER)
     }
 
     /// Whether access `i` is a write.
@@ -419,6 +443,49 @@ mod tests {
         }
         t.mark(9);
         t
+    }
+
+    #[test]
+    #[allow(clippy::type_complexity)] // test table
+    fn epoch_bounds_table() {
+        // (markers as (at, id), accesses, bounds): other ids, 0, the end and repeats are not
+        // boundaries.
+        let cases: Vec<(Vec<(u64, u64)>, usize, Vec<u64>, bool)> = vec![
+            (vec![], 10, vec![], false),
+            (vec![(3, 1), (6, 2)], 10, vec![], false),
+            (
+                vec![(0, EPOCH_MARKER), (4, EPOCH_MARKER), (7, EPOCH_MARKER)],
+                10,
+                vec![4, 7],
+                true,
+            ),
+            (
+                vec![(4, EPOCH_MARKER), (4, EPOCH_MARKER), (10, EPOCH_MARKER)],
+                10,
+                vec![4],
+                true,
+            ),
+            (vec![(2, 5), (5, EPOCH_MARKER), (5, 6)], 10, vec![5], true),
+        ];
+        for (markers, n, want, has) in cases {
+            let mut t = Trace::new(12, 16);
+            for i in 0..n {
+                for &(at, id) in &markers {
+                    if at == i as u64 {
+                        t.mark(id);
+                    }
+                }
+                t.push(i as u32, false);
+            }
+            for &(at, id) in &markers {
+                if at >= n as u64 {
+                    t.mark(id);
+                }
+            }
+            assert_eq!(t.epoch_bounds(), want, "{markers:?}");
+            assert_eq!(t.has_epochs(), has, "{markers:?}");
+            assert_eq!(Trace::read_from(&t.encode()[..]).ok(), Some(t));
+        }
     }
 
     #[test]

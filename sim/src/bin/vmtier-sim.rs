@@ -3,7 +3,8 @@
 //! ```text
 //! vmtier-sim run --trace FILE --policy NAME [--config FILE] [--json]
 //! vmtier-sim gen KIND --out FILE [--pages N] [--accesses N] [--seed N] [--phases N]
-//! vmtier-sim record-lackey --out FILE [--max-records N] [--skip-records N] < lackey.log
+//! vmtier-sim record-lackey --out FILE [--max-records N] [--skip-records N]
+//!     [--epoch-instructions N] [--sample-every N] [--max-epochs N] [--seed N] < lackey.log
 //! vmtier-sim report [--traces DIR] [--out DIR] [--config FILE] [--quick] [--no-scale]
 //! vmtier-sim scale [--pages-log2 N] [--accesses N]
 //! vmtier-sim policies
@@ -27,7 +28,8 @@ const USAGE: &str = "usage:
   vmtier-sim run --trace FILE --policy NAME [--config FILE] [--json]
   vmtier-sim gen KIND --out FILE [--pages N] [--accesses N] [--seed N] [--phases N]
       KIND: zipf | moving-hot | phases | scan-hot | gups
-  vmtier-sim record-lackey --out FILE [--max-records N] [--skip-records N] < lackey.log
+  vmtier-sim record-lackey --out FILE [--max-records N] [--skip-records N]
+      [--epoch-instructions N] [--sample-every N] [--max-epochs N] [--seed N] < lackey.log
   vmtier-sim report [--traces DIR] [--out DIR] [--config FILE] [--quick] [--no-scale]
   vmtier-sim scale [--pages-log2 N] [--accesses N]
   vmtier-sim policies";
@@ -223,23 +225,48 @@ fn cmd_gen(args: &[String]) -> Result<(), Error> {
 fn write_trace(t: &Trace, out: &std::path::Path) -> Result<(), Error> {
     t.write_path(out)
         .map_err(|e| Error::Trace(out.to_owned(), e))?;
+    let epochs = t
+        .markers
+        .iter()
+        .filter(|m| m.id == vmtier_sim::trace::EPOCH_MARKER)
+        .count();
     eprintln!(
-        "wrote {} ({} accesses, {} pages)",
+        "wrote {} ({} accesses, {} pages, {} epochs)",
         out.display(),
         t.accesses.len(),
-        t.pages
+        t.pages,
+        epochs
     );
     Ok(())
 }
 
 fn cmd_record(args: &[String]) -> Result<(), Error> {
-    let a = parse_args(args, &["out", "max-records", "skip-records"])?;
+    let a = parse_args(
+        args,
+        &[
+            "out",
+            "max-records",
+            "skip-records",
+            "epoch-instructions",
+            "sample-every",
+            "max-epochs",
+            "seed",
+        ],
+    )?;
     a.check_flags(&["with-instructions"])?;
+    let d = lackey::Options::default();
     let opts = lackey::Options {
-        max_records: a.num("max-records", lackey::Options::default().max_records)?,
+        max_records: a.num("max-records", d.max_records)?,
         skip_records: a.num("skip-records", 0)?,
         with_instructions: a.flag("with-instructions"),
+        epoch_instructions: a.num("epoch-instructions", 0)?,
+        sample_every: a.num("sample-every", 1)?,
+        max_epochs: a.num("max-epochs", 0)?,
+        seed: a.num("seed", d.seed)?,
     };
+    if opts.sample_every == 0 {
+        return Err(Error::Usage("--sample-every must be at least 1".into()));
+    }
     let out = PathBuf::from(a.need("out")?);
     let t = lackey::reduce(std::io::stdin().lock(), opts)?;
     write_trace(&t, &out)
