@@ -7,6 +7,7 @@
 //!     [--epoch-instructions N] [--sample-every N] [--max-epochs N] [--seed N] < lackey.log
 //! vmtier-sim report [--traces DIR] [--out DIR] [--config FILE] [--quick] [--no-scale]
 //! vmtier-sim scale [--pages-log2 N] [--accesses N]
+//! vmtier-sim stat --trace FILE
 //! vmtier-sim policies
 //! ```
 
@@ -32,6 +33,7 @@ const USAGE: &str = "usage:
       [--epoch-instructions N] [--sample-every N] [--max-epochs N] [--seed N] < lackey.log
   vmtier-sim report [--traces DIR] [--out DIR] [--config FILE] [--quick] [--no-scale]
   vmtier-sim scale [--pages-log2 N] [--accesses N]
+  vmtier-sim stat --trace FILE
   vmtier-sim policies";
 
 /// Command-line errors (each printed with its cause chain).
@@ -422,6 +424,46 @@ fn cmd_scale(args: &[String]) -> Result<(), Error> {
     Ok(())
 }
 
+/// Prints a trace's size figures: accesses, address space, footprint, epochs, markers.
+fn cmd_stat(args: &[String]) -> Result<(), Error> {
+    let a = parse_args(args, &["trace"])?;
+    a.check_flags(&[])?;
+    let p = PathBuf::from(a.need("trace")?);
+    let t = load_trace(&p)?;
+    let mut touched = vec![false; t.pages as usize];
+    for &pg in &t.accesses {
+        touched[pg as usize] = true;
+    }
+    let footprint = touched.iter().filter(|&&x| x).count() as u64;
+    let writes = (0..t.accesses.len()).filter(|&i| t.is_write(i)).count();
+    let epochs = t
+        .markers
+        .iter()
+        .filter(|m| m.id == vmtier_sim::trace::EPOCH_MARKER)
+        .count();
+    let per_epoch = if epochs > 0 {
+        format!(
+            ", {} accesses per epoch on average",
+            t.accesses.len() / epochs
+        )
+    } else {
+        String::new()
+    };
+    println!(
+        "{}: {} accesses ({:.1}% writes), address space {} pages, footprint {} pages ({}), {} epochs{}, {} other markers",
+        p.display(),
+        t.accesses.len(),
+        100.0 * writes as f64 / t.accesses.len().max(1) as f64,
+        t.pages,
+        footprint,
+        report::human_bytes(footprint << t.page_shift),
+        epochs,
+        per_epoch,
+        t.markers.len() - epochs
+    );
+    Ok(())
+}
+
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let (cmd, rest) = match args.split_first() {
@@ -434,6 +476,7 @@ fn main() -> ExitCode {
         "record-lackey" => cmd_record(rest),
         "report" => cmd_report(rest),
         "scale" => cmd_scale(rest),
+        "stat" => cmd_stat(rest),
         "policies" => {
             println!(
                 "{:<12} offline, greedy with one interval of lookahead (same budget and move limit; not an upper bound)",
