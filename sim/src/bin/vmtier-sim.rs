@@ -5,7 +5,7 @@
 //! vmtier-sim gen KIND --out FILE [--pages N] [--accesses N] [--seed N] [--phases N]
 //! vmtier-sim record-lackey --out FILE [--max-records N] [--skip-records N]
 //!     [--epoch-instructions N] [--sample-every N] [--max-epochs N] [--seed N] < lackey.log
-//! vmtier-sim report [--traces DIR] [--out DIR] [--config FILE] [--quick] [--no-scale]
+//! vmtier-sim report [--traces DIR] [--out DIR] [--config FILE] [--quick] [--no-scale] [--no-generated]
 //! vmtier-sim scale [--pages-log2 N] [--accesses N]
 //! vmtier-sim stat --trace FILE
 //! vmtier-sim policies
@@ -31,7 +31,7 @@ const USAGE: &str = "usage:
       KIND: zipf | moving-hot | phases | scan-hot | gups
   vmtier-sim record-lackey --out FILE [--max-records N] [--skip-records N]
       [--epoch-instructions N] [--sample-every N] [--max-epochs N] [--seed N] < lackey.log
-  vmtier-sim report [--traces DIR] [--out DIR] [--config FILE] [--quick] [--no-scale]
+  vmtier-sim report [--traces DIR] [--out DIR] [--config FILE] [--quick] [--no-scale] [--no-generated]
   vmtier-sim scale [--pages-log2 N] [--accesses N]
   vmtier-sim stat --trace FILE
   vmtier-sim policies";
@@ -294,12 +294,16 @@ const BUDGETS: [u32; 3] = [100, 250, 500];
 
 fn cmd_report(args: &[String]) -> Result<(), Error> {
     let a = parse_args(args, &["traces", "out", "config"])?;
-    a.check_flags(&["quick", "no-scale"])?;
+    a.check_flags(&["quick", "no-scale", "no-generated"])?;
     let quick = a.flag("quick");
     let cfg = load_config(a.opts.get("config"))?;
     let out = PathBuf::from(a.opts.get("out").map_or("target/bench", String::as_str));
     std::fs::create_dir_all(&out).map_err(|e| report::Error::Write(out.clone(), e))?;
-    let mut traces = suite(quick)?;
+    let mut traces = if a.flag("no-generated") {
+        Vec::new()
+    } else {
+        suite(quick)?
+    };
     let dir = PathBuf::from(a.opts.get("traces").map_or("tests/traces", String::as_str));
     if dir.is_dir() {
         let mut files: Vec<PathBuf> = std::fs::read_dir(&dir)
