@@ -180,6 +180,48 @@ impl Trace {
         self.markers.iter().any(|m| m.id == EPOCH_MARKER)
     }
 
+    /// A sparser copy: one access kept in each block of `every` consecutive ones, at a
+    /// random position in the block (`seed`), the way `record-lackey --sample-every` keeps
+    /// records; consecutive kept accesses to one page (no marker between them) merge into one
+    /// (a write if either was). Markers stay before the access they preceded; the address
+    /// space is unchanged. `every` ≤ 1 copies the trace.
+    pub fn thin(&self, every: u64, seed: u64) -> Trace {
+        let every = every.max(1);
+        let mut rng = crate::rng::Rng::new(seed);
+        let mut out = Trace::new(self.page_shift, self.pages);
+        let mut markers = self.markers.iter().peekable();
+        let mut pick = rng.below(every);
+        let mut marked = false;
+        for (i, &page) in self.accesses.iter().enumerate() {
+            while let Some(m) = markers.next_if(|m| m.at <= i as u64) {
+                out.mark(m.id);
+                marked = true;
+            }
+            let in_block = i as u64 % every;
+            let keep = in_block == pick;
+            if in_block + 1 == every {
+                pick = rng.below(every);
+            }
+            if !keep {
+                continue;
+            }
+            let write = self.is_write(i);
+            let n = out.accesses.len();
+            if !marked && n > 0 && out.accesses[n - 1] == page {
+                if write {
+                    out.writes[(n - 1) / 64] |= 1 << ((n - 1) % 64);
+                }
+                continue;
+            }
+            out.push(page, write);
+            marked = false;
+        }
+        for m in markers {
+            out.mark(m.id);
+        }
+        out
+    }
+
     /// Whether access `i` is a write.
     pub fn is_write(&self, i: usize) -> bool {
         self.writes
@@ -486,6 +528,46 @@ mod tests {
             assert_eq!(t.has_epochs(), has, "{markers:?}");
             assert_eq!(Trace::read_from(&t.encode()[..]).ok(), Some(t));
         }
+    }
+
+    #[test]
+    fn thinning_keeps_one_per_block_markers_and_order() {
+        // 0..40 pages in order, a marker before 20, an epoch marker at the end.
+        let mut t = Trace::new(12, 64);
+        for p in 0..40u32 {
+            if p == 20 {
+                t.mark(3);
+            }
+            t.push(p, p % 3 == 0);
+        }
+        t.mark(EPOCH_MARKER);
+        // (every, accesses kept)
+        for (every, n) in [(1u64, 40usize), (4, 10), (8, 5), (40, 1)] {
+            let th = t.thin(every, 7);
+            assert_eq!(th.accesses.len(), n, "every {every}");
+            assert!(th.accesses.windows(2).all(|w| w[0] < w[1]));
+            for (k, &p) in th.accesses.iter().enumerate() {
+                assert_eq!(th.is_write(k), p % 3 == 0, "every {every}");
+                if n > 0 {
+                    // The k-th kept access comes from the k-th block.
+                    assert_eq!(u64::from(p) / every, k as u64, "every {every}");
+                }
+            }
+            let at: Vec<(u64, u64)> = th.markers.iter().map(|m| (m.at, m.id)).collect();
+            let before20 = th.accesses.iter().filter(|&&p| p < 20).count() as u64;
+            assert_eq!(at, vec![(before20, 3), (n as u64, EPOCH_MARKER)]);
+            assert_eq!(Trace::read_from(&th.encode()[..]).ok(), Some(th));
+        }
+        // Kept accesses to one page merge, a write wins; a marker between them keeps both.
+        let mut t = Trace::new(12, 4);
+        for (p, w) in [(1, false), (1, true), (2, false)] {
+            t.push(p, w);
+        }
+        t.mark(9);
+        t.push(2, false);
+        let th = t.thin(1, 1);
+        assert_eq!(th.accesses, vec![1, 2, 2]);
+        assert!(th.is_write(0) && !th.is_write(1));
     }
 
     #[test]

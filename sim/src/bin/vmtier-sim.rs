@@ -8,6 +8,7 @@
 //! vmtier-sim report [--traces DIR] [--out DIR] [--config FILE] [--quick] [--no-scale] [--no-generated]
 //! vmtier-sim scale [--pages-log2 N] [--accesses N]
 //! vmtier-sim stat --trace FILE
+//! vmtier-sim thin --trace FILE --every N --out FILE [--seed N]
 //! vmtier-sim policies
 //! ```
 
@@ -34,6 +35,7 @@ const USAGE: &str = "usage:
   vmtier-sim report [--traces DIR] [--out DIR] [--config FILE] [--quick] [--no-scale] [--no-generated]
   vmtier-sim scale [--pages-log2 N] [--accesses N]
   vmtier-sim stat --trace FILE
+  vmtier-sim thin --trace FILE --every N --out FILE [--seed N]
   vmtier-sim policies";
 
 /// Command-line errors (each printed with its cause chain).
@@ -428,6 +430,19 @@ fn cmd_scale(args: &[String]) -> Result<(), Error> {
     Ok(())
 }
 
+/// Writes a sparser copy of a trace (one access per block of N, `Trace::thin`).
+fn cmd_thin(args: &[String]) -> Result<(), Error> {
+    let a = parse_args(args, &["trace", "every", "out", "seed"])?;
+    a.check_flags(&[])?;
+    let every = a.num("every", 0)?;
+    if every == 0 {
+        return Err(Error::Usage("--every must be at least 1".into()));
+    }
+    let t = load_trace(Path::new(a.need("trace")?))?;
+    let thin = t.thin(every, a.num("seed", 1)?);
+    write_trace(&thin, Path::new(a.need("out")?))
+}
+
 /// Prints a trace's size figures: accesses, address space, footprint, epochs, markers.
 fn cmd_stat(args: &[String]) -> Result<(), Error> {
     let a = parse_args(args, &["trace"])?;
@@ -481,6 +496,7 @@ fn main() -> ExitCode {
         "report" => cmd_report(rest),
         "scale" => cmd_scale(rest),
         "stat" => cmd_stat(rest),
+        "thin" => cmd_thin(rest),
         "policies" => {
             println!(
                 "{:<12} offline, greedy with one interval of lookahead (same budget and move limit; not an upper bound)",
