@@ -13,6 +13,7 @@
 # Environment: SIM (vmtier-sim binary), OUT (output dir, default tests/traces),
 # MAX (records kept per trace), SKIP (records skipped at start-up), REQUESTS (redis-benchmark -n),
 # EPOCH (instructions per epoch, default 1000000), SAMPLE (keep 1 record in N, default 8),
+# THIN (then keep 1 access in N of the written trace, vmtier-sim thin, default 4),
 # MAX_EPOCHS (safety cap per trace, default 2000), SEED (sampling and load seed, default 1).
 # Installs (apt) what it needs: valgrind, redis-server + redis-benchmark (redis-tools), sqlite3,
 # xz-utils, python3.
@@ -25,6 +26,7 @@ SKIP=${SKIP:-500000}
 REQUESTS=${REQUESTS:-20000}
 EPOCH=${EPOCH:-1000000}
 SAMPLE=${SAMPLE:-8}
+THIN=${THIN:-4}
 MAX_EPOCHS=${MAX_EPOCHS:-2000}
 SEED=${SEED:-1}
 WORK=$(mktemp -d)
@@ -95,10 +97,13 @@ SQL
 }
 
 # Epoch recordings: the reducer reads lackey's log from a FIFO and writes NAME.vmt.gz.
+# Then every THIN-th access of it is kept (vmtier-sim thin: a second stratified sample).
 epoch_reader() { # epoch_reader NAME FIFO
-    "$SIM" record-lackey --out "$OUT/$1.vmt.gz" --epoch-instructions "$EPOCH" \
+    "$SIM" record-lackey --out "$WORK/$1.vmt.gz" --epoch-instructions "$EPOCH" \
         --sample-every "$SAMPLE" --max-epochs "$MAX_EPOCHS" --seed "$SEED" \
         --max-records 100000000 <"$2"
+    "$SIM" thin --trace "$WORK/$1.vmt.gz" --every "$THIN" --seed "$SEED" --out "$OUT/$1.vmt.gz"
+    "$SIM" stat --trace "$OUT/$1.vmt.gz"
 }
 
 # A key-value store under a skewed load: redis-server (recorded) loaded with KV_KEYS keys of
