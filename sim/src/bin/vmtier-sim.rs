@@ -460,14 +460,12 @@ fn cmd_stat(args: &[String]) -> Result<(), Error> {
         .iter()
         .filter(|m| m.id == vmtier_sim::trace::EPOCH_MARKER)
         .count();
-    let per_epoch = if epochs > 0 {
-        format!(
-            ", {} accesses per epoch on average",
-            t.accesses.len() / epochs
-        )
-    } else {
-        String::new()
-    };
+    let per_epoch = t
+        .accesses
+        .len()
+        .checked_div(epochs)
+        .map(|n| format!(", {n} accesses per epoch on average"))
+        .unwrap_or_default();
     println!(
         "{}: {} accesses ({:.1}% writes), address space {} pages, footprint {} pages ({}), {} epochs{}, {} other markers",
         p.display(),
