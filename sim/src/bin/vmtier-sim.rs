@@ -464,7 +464,18 @@ fn cmd_stat(args: &[String]) -> Result<(), Error> {
         .accesses
         .len()
         .checked_div(epochs)
-        .map(|n| format!(", {n} accesses per epoch on average"))
+        .map(|n| {
+            let mut b = vec![0];
+            b.extend(t.epoch_bounds());
+            b.push(t.accesses.len() as u64);
+            let lens = b.windows(2).map(|w| w[1] - w[0]);
+            let (lo, hi) = (lens.clone().min(), lens.max());
+            format!(
+                ", {n} accesses per epoch on average ({}..{})",
+                lo.unwrap_or(0),
+                hi.unwrap_or(0)
+            )
+        })
         .unwrap_or_default();
     println!(
         "{}: {} accesses ({:.1}% writes), address space {} pages, footprint {} pages ({}), {} epochs{}, {} other markers",
