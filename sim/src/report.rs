@@ -87,6 +87,10 @@ pub struct TraceReport {
     pub budget_granules: u64,
     /// Move limit per tick.
     pub max_moves: u64,
+    /// Ticks simulated.
+    pub ticks: u64,
+    /// Whether the ticks are the trace's recorded epochs (else `tick_accesses` each).
+    pub epoch_ticks: bool,
     /// One row per policy, oracle first, then vmtierd as shipped, then each registry policy
     /// on its own observation.
     pub results: Vec<Row>,
@@ -176,6 +180,8 @@ pub fn run_trace(
             pages: u64::from(t.pages),
             budget_granules: oracle.budget_granules,
             max_moves: oracle.max_moves,
+            ticks: oracle.ticks,
+            epoch_ticks: cfg.epoch_ticks && t.has_epochs(),
             results: rows,
             targets,
         },
@@ -188,13 +194,19 @@ pub fn table(r: &TraceReport) -> String {
     let mut s = String::new();
     let _ = writeln!(
         s,
-        "trace {} at {}% DRAM: {} accesses, {} pages, budget {} granules, ≤{} moves/tick",
+        "trace {} at {}% DRAM: {} accesses, {} pages, budget {} granules, ≤{} moves/tick, {} ticks{}",
         r.trace,
         r.budget_permille / 10,
         r.accesses,
         r.pages,
         r.budget_granules,
-        r.max_moves
+        r.max_moves,
+        r.ticks,
+        if r.epoch_ticks {
+            " (one per recorded epoch)"
+        } else {
+            ""
+        }
     );
     let _ = writeln!(
         s,
@@ -458,6 +470,19 @@ mod tests {
             assert_eq!(human_bytes(b), want);
         }
         assert_eq!(slug("redis/get set"), "redis_get_set");
+        // (ticks, epoch ticks): 60 000 accesses in ticks of 5 000, then the same trace cut into
+        // three recorded epochs (the markers at 0, 10 000 and 40 000).
+        assert_eq!((rep.ticks, rep.epoch_ticks), (12, false));
+        let mut e = crate::trace::Trace::new(12, t.pages);
+        for (i, (&p, w)) in t.accesses.iter().zip(0..).enumerate() {
+            if [0, 10_000, 40_000].contains(&i) {
+                e.mark(crate::trace::EPOCH_MARKER);
+            }
+            e.push(p, t.is_write(w));
+        }
+        let (rep, _) = run_trace("mh-epochs", &e, &cfg)?;
+        assert_eq!((rep.ticks, rep.epoch_ticks), (3, true));
+        assert!(table(&rep).contains("3 ticks (one per recorded epoch)"));
         Ok(())
     }
 }

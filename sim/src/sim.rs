@@ -1,7 +1,10 @@
 //! The trace-driven simulator behind `vmtier-sim`.
 //!
 //! A trace is cut into ticks of `tick_accesses` accesses (one vmtierd tick, `tick_ms` of
-//! time). While replaying, the simulator records what each tracking source would have seen:
+//! time) — or, when it carries epoch markers (a recording of a long program reduced to epochs,
+//! `docs/trace-format.md`), into one tick per recorded epoch (`epoch_ticks`), so every policy,
+//! and vmtierd's DAMON model in particular, sees one tick per epoch as the daemon sees one per
+//! `interval_ms`. While replaying, the simulator records what each tracking source would have seen:
 //!
 //! - **DAMON, as vmtierd reads it** ([`crate::damon`]): DAMON's sampling (one random address
 //!   per region per `damon_sample_us`, the accessed bit of its 4 KiB page — or of its whole
@@ -44,7 +47,7 @@ use vmtier_sources::store::{HotnessStore, StoreConfig};
 
 use crate::damon::{Attrs as DamonAttrs, DamonModel, Reported};
 use crate::rng::Rng;
-use crate::trace::Trace;
+use crate::trace::{Trace, EPOCH_MARKER};
 
 /// Errors configuring or running a simulation.
 #[derive(Debug, thiserror::Error)]
@@ -115,8 +118,11 @@ pub fn source_name(s: TrackingSource) -> &'static str {
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct Config {
-    /// Accesses per tick (policy interval).
+    /// Accesses per tick (policy interval) for traces without epoch markers.
     pub tick_accesses: u64,
+    /// One tick per recorded epoch when the trace carries epoch markers (`tick_accesses` is
+    /// then unused); false cuts every trace by `tick_accesses`.
+    pub epoch_ticks: bool,
     /// Granule size as log2 of pages (0 = 4 KiB pages, 9 = 2 MiB huge pages).
     pub granule_pages_log2: u8,
     /// DRAM budget, permille of the trace's footprint (granules touched).
@@ -174,6 +180,7 @@ impl Default for Config {
     fn default() -> Self {
         Self {
             tick_accesses: 50_000,
+            epoch_ticks: true,
             granule_pages_log2: 0,
             fast_permille: 250,
             move_permille: 100,
@@ -366,14 +373,15 @@ impl HintScanner {
         }
     }
 
-    /// An access to granule `g`: a hint fault if the scanner made it inaccessible. A granule
-    /// that migrated to the fast tier meanwhile was remapped accessible by the migration.
-    fn access(&mut self, g: usize, fast: bool, now: u64, tick_accesses: u64) -> Option<HintFault> {
+    /// An access to granule `g` at `now` (thousandths of a tick since the start): a hint
+    /// fault if the scanner made it inaccessible. A granule that migrated to the fast tier
+    /// meanwhile was remapped accessible by the migration.
+    fn access(&mut self, g: usize, fast: bool, now: u64) -> Option<HintFault> {
         let at = std::mem::replace(&mut self.unmapped_at[g], u64::MAX);
         if at == u64::MAX || fast {
             return None;
         }
-        let lat = (now - at) * 1000 / tick_accesses;
+        let lat = now.saturating_sub(at);
         Some(HintFault {
             granule: Granule(g as u32),
             latency_millitick: u32::try_from(lat).unwrap_or(u32::MAX),
@@ -424,6 +432,22 @@ impl HintScanner {
 fn calls_due(k: u16, scans: u16, calls: u64) -> u64 {
     let (k, scans) = (u64::from(k), u64::from(scans.max(1)));
     (k + 1) * calls / scans - k * calls / scans
+}
+
+/// Where the ticks of `trace` start, and its end: one tick per recorded epoch when the trace
+/// has epoch markers and `cfg.epoch_ticks`, else one per `cfg.tick_accesses` accesses.
+/// Strictly increasing, starts at 0, ends at the number of accesses.
+pub fn tick_bounds(trace: &Trace, cfg: &Config) -> Vec<u64> {
+    let total = trace.accesses.len() as u64;
+    let mut b = vec![0];
+    if cfg.epoch_ticks && trace.has_epochs() {
+        b.extend(trace.epoch_bounds());
+    } else {
+        let step = cfg.tick_accesses.max(1);
+        b.extend((1..total.div_ceil(step)).map(|t| t * step));
+    }
+    b.push(total);
+    b
 }
 
 /// Runs `planner` over `trace` with `cfg`.
@@ -531,11 +555,14 @@ pub fn run_logged(
         ..RunResult::default()
     };
     let total = trace.accesses.len() as u64;
-    let ticks = total.div_ceil(cfg.tick_accesses);
+    let bounds = tick_bounds(trace, cfg);
+    let ticks = bounds.len() as u64 - 1;
+    let tick_of = |at: u64| (bounds.partition_point(|&b| b <= at) as u64).saturating_sub(1);
     res.marker_ticks = trace
         .markers
         .iter()
-        .map(|m| m.at / cfg.tick_accesses)
+        .filter(|m| m.id != EPOCH_MARKER)
+        .map(|m| tick_of(m.at).min(ticks - 1))
         .collect();
     let mut plan_ns_total: u128 = 0;
     let mut plan_ns_max: u128 = 0;
@@ -544,9 +571,11 @@ pub fn run_logged(
     let mut damon_sample: u64 = 0;
 
     for tick in 0..ticks {
-        let lo = tick * cfg.tick_accesses;
-        let hi = (lo + cfg.tick_accesses).min(total);
+        let (lo, hi) = (bounds[tick as usize], bounds[tick as usize + 1]);
         let window = &trace.accesses[lo as usize..hi as usize];
+        // The tick's clock in thousandths of a tick (hint-fault latencies).
+        let len = window.len().max(1) as u64;
+        let clock = |pos: usize| tick * 1000 + pos as u64 * 1000 / len;
         // The engine's tick starts: heat cools, move ages advance.
         store.tick();
         windows.clear();
@@ -598,12 +627,12 @@ pub fn run_logged(
                 }
                 if let Some(h) = hint.as_mut() {
                     let fast = store.records()[g].is_fast();
-                    faults.extend(h.access(g, fast, now, cfg.tick_accesses));
+                    faults.extend(h.access(g, fast, clock(a + j)));
                 }
                 now += 1;
             }
             if let Some(h) = hint.as_mut() {
-                h.scan(k, scans, &allocated, store.records(), now);
+                h.scan(k, scans, &allocated, store.records(), clock(b));
             }
         }
         if let Some(d) = damon.as_mut() {
@@ -752,8 +781,8 @@ pub fn run_logged(
                 future.clear();
                 future.resize(n, 0);
                 for w in 1..=u64::from(cfg.oracle_lookahead.max(1)) {
-                    let flo = ((tick + w) * cfg.tick_accesses).min(total) as usize;
-                    let fhi = ((tick + w + 1) * cfg.tick_accesses).min(total) as usize;
+                    let at = |t: u64| bounds.get(t as usize).copied().unwrap_or(total) as usize;
+                    let (flo, fhi) = (at(tick + w), at(tick + w + 1));
                     let inc = if w == 1 { 1u64 << 32 } else { 1 };
                     for &p in &trace.accesses[flo..fhi] {
                         future[(p >> gshift) as usize] += inc;
@@ -1059,10 +1088,10 @@ mod tests {
         // A fault: latency in thousandths of a tick; none if accessible or now fast.
         h.unmapped_at[3] = 10;
         h.unmapped_at[4] = 10;
-        let f = h.access(3, false, 260, 100).map(|f| f.latency_millitick);
+        let f = h.access(3, false, 2510).map(|f| f.latency_millitick);
         assert_eq!(f, Some(2500));
-        assert_eq!(h.access(3, false, 300, 100), None);
-        assert_eq!(h.access(4, true, 300, 100), None);
+        assert_eq!(h.access(3, false, 3000), None);
+        assert_eq!(h.access(4, true, 3000), None);
         assert_eq!(h.unmapped_at[4], u64::MAX);
     }
 
@@ -1114,6 +1143,125 @@ mod tests {
         // tick 0 and left alone since, faults in tick 3 two ticks late (no timer reset).
         let want = vec![(1, 0, 0), (1, 2, 12), (2, 0, 0), (3, 0, 0), (3, 1, 2012)];
         assert_eq!(*log.lock().expect("log"), want);
+        Ok(())
+    }
+
+    /// A trace over `pages` pages: per epoch, its length and the pages it cycles through;
+    /// `phase` = (access index, id) of one ordinary marker.
+    fn epoch_trace(pages: u32, epochs: &[(usize, &[u32])], phase: Option<(usize, u64)>) -> Trace {
+        let mut t = Trace::new(12, pages);
+        for &(len, cycle) in epochs {
+            t.mark(crate::trace::EPOCH_MARKER);
+            for i in 0..len {
+                if phase.is_some_and(|(at, _)| at == t.accesses.len()) {
+                    t.mark(phase.map_or(0, |p| p.1));
+                }
+                t.push(cycle[i % cycle.len()], false);
+            }
+        }
+        t
+    }
+
+    #[test]
+    fn tick_bounds_table() {
+        let epochs = epoch_trace(8, &[(100, &[0]), (700, &[1]), (200, &[2])], Some((850, 5)));
+        let plain = small(Kind::Zipf);
+        let fixed = Config {
+            epoch_ticks: false,
+            tick_accesses: 300,
+            ..cfg()
+        };
+        // (trace, config, bounds)
+        let cases: Vec<(&Trace, Config, Vec<u64>)> = vec![
+            (&epochs, cfg(), vec![0, 100, 800, 1000]),
+            (&epochs, fixed.clone(), vec![0, 300, 600, 900, 1000]),
+            (
+                &plain,
+                cfg(),
+                (0..=12).map(|t| t * 10_000).collect::<Vec<u64>>(),
+            ),
+            (
+                &plain,
+                fixed,
+                (0..400).map(|t| t * 300).chain([120_000]).collect(),
+            ),
+        ];
+        for (t, c, want) in cases {
+            assert_eq!(tick_bounds(t, &c), want);
+        }
+    }
+
+    #[test]
+    fn an_epoch_trace_runs_one_tick_per_epoch() -> Result<(), Error> {
+        // Epochs of unequal length, each on its own pages; a phase marker inside the third.
+        let t = epoch_trace(
+            64,
+            &[
+                (100, &[0, 1, 2]),
+                (700, &[10, 11, 12, 13]),
+                (200, &[20, 21]),
+            ],
+            Some((850, 5)),
+        );
+        // (config, ticks, phase marker ticks)
+        let cases = [
+            (cfg(), 3, vec![2]),
+            (
+                Config {
+                    epoch_ticks: false,
+                    tick_accesses: 100,
+                    ..cfg()
+                },
+                10,
+                vec![8],
+            ),
+        ];
+        for (c, ticks, markers) in cases {
+            for name in ["oracle", "default", "numab", "damos"] {
+                let shipped = Config {
+                    source: Some(SourceName::Damon),
+                    ..c.clone()
+                };
+                let r = run(&t, &mut Planner::by_name(name, &shipped)?, &shipped)?;
+                assert_eq!((r.ticks, r.series.len() as u64), (ticks, ticks), "{name}");
+                assert_eq!(r.marker_ticks, markers, "{name}");
+                assert_eq!(r.accesses, 1000, "{name}");
+            }
+        }
+        // The oracle plans for the next epoch whole: with room for 4 of the 9 pages and twice
+        // as many moves (a swap is two), each epoch's pages are in DRAM before it starts (planned from the
+        // trace's first 10 000 accesses, `tick_accesses`, it would see nothing ahead).
+        let c = Config {
+            fast_permille: 500,
+            move_permille: 2000,
+            ..cfg()
+        };
+        let o = run(&t, &mut Planner::Oracle, &c)?;
+        assert!(o.series[1] > 0.99 && o.series[2] > 0.99, "{:?}", o.series);
+        Ok(())
+    }
+
+    #[test]
+    fn hint_fault_latencies_count_in_epochs() -> Result<(), Error> {
+        // Epoch 0 (80 accesses) touches pages 0..4, epoch 1 (400) page 0, epoch 2 (40) pages
+        // 0 and 1. The scanner unmaps every slow page at the end of epoch 0 and page 0 again
+        // at the end of epoch 1; page 1 faults one access into epoch 2: one epoch and 1/40.
+        let t = epoch_trace(4, &[(80, &[0, 1, 2, 3]), (400, &[0]), (40, &[0, 1])], None);
+        let c = Config {
+            initial: Initial::Slow,
+            heatmap_rows: 0,
+            ..Config::default()
+        };
+        let log = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+        run(
+            &t,
+            &mut Planner::Policy(Box::new(FaultLog(log.clone()))),
+            &c,
+        )?;
+        assert_eq!(
+            *log.lock().expect("log"),
+            vec![(1, 0, 0), (2, 0, 0), (2, 1, 1025)]
+        );
         Ok(())
     }
 }

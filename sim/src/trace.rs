@@ -99,6 +99,11 @@ pub enum Error {
     TooLarge(u64),
 }
 
+/// The marker id reserved for the start of a recorded epoch (`docs/trace-format.md`): a trace
+/// that carries it is replayed one simulator tick per epoch. Other ids are free (generators use
+/// small phase numbers).
+pub const EPOCH_MARKER: u64 = 0xffff_ffff;
+
 /// A marker in the access stream (a phase change of a generator, a workload event).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Marker {
@@ -154,6 +159,67 @@ impl Trace {
             at: self.accesses.len() as u64,
             id,
         });
+    }
+
+    /// Access indices where epochs start (markers with [`EPOCH_MARKER`]), strictly
+    /// increasing, without 0 and without the end: the tick boundaries of an epoch trace.
+    /// Empty when the trace has no epochs.
+    pub fn epoch_bounds(&self) -> Vec<u64> {
+        let total = self.accesses.len() as u64;
+        let mut v: Vec<u64> = Vec::new();
+        for m in self.markers.iter().filter(|m| m.id == EPOCH_MARKER) {
+            if m.at > 0 && m.at < total && v.last().map_or(true, |&l| m.at > l) {
+                v.push(m.at);
+            }
+        }
+        v
+    }
+
+    /// Whether the trace carries epoch markers.
+    pub fn has_epochs(&self) -> bool {
+        self.markers.iter().any(|m| m.id == EPOCH_MARKER)
+    }
+
+    /// A sparser copy: one access kept in each block of `every` consecutive ones, at a
+    /// random position in the block (`seed`), the way `record-lackey --sample-every` keeps
+    /// records; consecutive kept accesses to one page (no marker between them) merge into one
+    /// (a write if either was). Markers stay before the access they preceded; the address
+    /// space is unchanged. `every` ≤ 1 copies the trace.
+    pub fn thin(&self, every: u64, seed: u64) -> Trace {
+        let every = every.max(1);
+        let mut rng = crate::rng::Rng::new(seed);
+        let mut out = Trace::new(self.page_shift, self.pages);
+        let mut markers = self.markers.iter().peekable();
+        let mut pick = rng.below(every);
+        let mut marked = false;
+        for (i, &page) in self.accesses.iter().enumerate() {
+            while let Some(m) = markers.next_if(|m| m.at <= i as u64) {
+                out.mark(m.id);
+                marked = true;
+            }
+            let in_block = i as u64 % every;
+            let keep = in_block == pick;
+            if in_block + 1 == every {
+                pick = rng.below(every);
+            }
+            if !keep {
+                continue;
+            }
+            let write = self.is_write(i);
+            let n = out.accesses.len();
+            if !marked && n > 0 && out.accesses[n - 1] == page {
+                if write {
+                    out.writes[(n - 1) / 64] |= 1 << ((n - 1) % 64);
+                }
+                continue;
+            }
+            out.push(page, write);
+            marked = false;
+        }
+        for m in markers {
+            out.mark(m.id);
+        }
+        out
     }
 
     /// Whether access `i` is a write.
@@ -419,6 +485,89 @@ mod tests {
         }
         t.mark(9);
         t
+    }
+
+    #[test]
+    #[allow(clippy::type_complexity)] // test table
+    fn epoch_bounds_table() {
+        // (markers as (at, id), accesses, bounds): other ids, 0, the end and repeats are not
+        // boundaries.
+        let cases: Vec<(Vec<(u64, u64)>, usize, Vec<u64>, bool)> = vec![
+            (vec![], 10, vec![], false),
+            (vec![(3, 1), (6, 2)], 10, vec![], false),
+            (
+                vec![(0, EPOCH_MARKER), (4, EPOCH_MARKER), (7, EPOCH_MARKER)],
+                10,
+                vec![4, 7],
+                true,
+            ),
+            (
+                vec![(4, EPOCH_MARKER), (4, EPOCH_MARKER), (10, EPOCH_MARKER)],
+                10,
+                vec![4],
+                true,
+            ),
+            (vec![(2, 5), (5, EPOCH_MARKER), (5, 6)], 10, vec![5], true),
+        ];
+        for (markers, n, want, has) in cases {
+            let mut t = Trace::new(12, 16);
+            for i in 0..n {
+                for &(at, id) in &markers {
+                    if at == i as u64 {
+                        t.mark(id);
+                    }
+                }
+                t.push(i as u32, false);
+            }
+            for &(at, id) in &markers {
+                if at >= n as u64 {
+                    t.mark(id);
+                }
+            }
+            assert_eq!(t.epoch_bounds(), want, "{markers:?}");
+            assert_eq!(t.has_epochs(), has, "{markers:?}");
+            assert_eq!(Trace::read_from(&t.encode()[..]).ok(), Some(t));
+        }
+    }
+
+    #[test]
+    fn thinning_keeps_one_per_block_markers_and_order() {
+        // 0..40 pages in order, a marker before 20, an epoch marker at the end.
+        let mut t = Trace::new(12, 64);
+        for p in 0..40u32 {
+            if p == 20 {
+                t.mark(3);
+            }
+            t.push(p, p % 3 == 0);
+        }
+        t.mark(EPOCH_MARKER);
+        // (every, accesses kept)
+        for (every, n) in [(1u64, 40usize), (4, 10), (8, 5), (40, 1)] {
+            let th = t.thin(every, 7);
+            assert_eq!(th.accesses.len(), n, "every {every}");
+            assert!(th.accesses.windows(2).all(|w| w[0] < w[1]));
+            for (k, &p) in th.accesses.iter().enumerate() {
+                assert_eq!(th.is_write(k), p % 3 == 0, "every {every}");
+                if n > 0 {
+                    // The k-th kept access comes from the k-th block.
+                    assert_eq!(u64::from(p) / every, k as u64, "every {every}");
+                }
+            }
+            let at: Vec<(u64, u64)> = th.markers.iter().map(|m| (m.at, m.id)).collect();
+            let before20 = th.accesses.iter().filter(|&&p| p < 20).count() as u64;
+            assert_eq!(at, vec![(before20, 3), (n as u64, EPOCH_MARKER)]);
+            assert_eq!(Trace::read_from(&th.encode()[..]).ok(), Some(th));
+        }
+        // Kept accesses to one page merge, a write wins; a marker between them keeps both.
+        let mut t = Trace::new(12, 4);
+        for (p, w) in [(1, false), (1, true), (2, false)] {
+            t.push(p, w);
+        }
+        t.mark(9);
+        t.push(2, false);
+        let th = t.thin(1, 1);
+        assert_eq!(th.accesses, vec![1, 2, 2]);
+        assert!(th.is_write(0) && !th.is_write(1));
     }
 
     #[test]

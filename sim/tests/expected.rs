@@ -27,6 +27,8 @@ const SMALL: &[(&str, &str, usize)] = &[
     ("small-zipf", "small/small-zipf.vmt.gz", 20_000),
     ("redis-head", "redis.vmt.gz", 20_000),
     ("sqlite-head", "sqlite.vmt.gz", 20_000),
+    // An epoch trace: one tick per recorded epoch (about 4000 accesses each), not 2000.
+    ("xz-head", "xz.vmt.gz", 20_000),
 ];
 
 fn small_specs(name: &str) -> Option<Spec> {

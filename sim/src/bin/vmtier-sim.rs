@@ -3,9 +3,12 @@
 //! ```text
 //! vmtier-sim run --trace FILE --policy NAME [--config FILE] [--json]
 //! vmtier-sim gen KIND --out FILE [--pages N] [--accesses N] [--seed N] [--phases N]
-//! vmtier-sim record-lackey --out FILE [--max-records N] [--skip-records N] < lackey.log
-//! vmtier-sim report [--traces DIR] [--out DIR] [--config FILE] [--quick] [--no-scale]
+//! vmtier-sim record-lackey --out FILE [--max-records N] [--skip-records N]
+//!     [--epoch-instructions N] [--sample-every N] [--max-epochs N] [--seed N] < lackey.log
+//! vmtier-sim report [--traces DIR] [--out DIR] [--config FILE] [--quick] [--no-scale] [--no-generated]
 //! vmtier-sim scale [--pages-log2 N] [--accesses N]
+//! vmtier-sim stat --trace FILE
+//! vmtier-sim thin --trace FILE --every N --out FILE [--seed N]
 //! vmtier-sim policies
 //! ```
 
@@ -27,9 +30,12 @@ const USAGE: &str = "usage:
   vmtier-sim run --trace FILE --policy NAME [--config FILE] [--json]
   vmtier-sim gen KIND --out FILE [--pages N] [--accesses N] [--seed N] [--phases N]
       KIND: zipf | moving-hot | phases | scan-hot | gups
-  vmtier-sim record-lackey --out FILE [--max-records N] [--skip-records N] < lackey.log
-  vmtier-sim report [--traces DIR] [--out DIR] [--config FILE] [--quick] [--no-scale]
+  vmtier-sim record-lackey --out FILE [--max-records N] [--skip-records N]
+      [--epoch-instructions N] [--sample-every N] [--max-epochs N] [--seed N] < lackey.log
+  vmtier-sim report [--traces DIR] [--out DIR] [--config FILE] [--quick] [--no-scale] [--no-generated]
   vmtier-sim scale [--pages-log2 N] [--accesses N]
+  vmtier-sim stat --trace FILE
+  vmtier-sim thin --trace FILE --every N --out FILE [--seed N]
   vmtier-sim policies";
 
 /// Command-line errors (each printed with its cause chain).
@@ -223,23 +229,48 @@ fn cmd_gen(args: &[String]) -> Result<(), Error> {
 fn write_trace(t: &Trace, out: &std::path::Path) -> Result<(), Error> {
     t.write_path(out)
         .map_err(|e| Error::Trace(out.to_owned(), e))?;
+    let epochs = t
+        .markers
+        .iter()
+        .filter(|m| m.id == vmtier_sim::trace::EPOCH_MARKER)
+        .count();
     eprintln!(
-        "wrote {} ({} accesses, {} pages)",
+        "wrote {} ({} accesses, {} pages, {} epochs)",
         out.display(),
         t.accesses.len(),
-        t.pages
+        t.pages,
+        epochs
     );
     Ok(())
 }
 
 fn cmd_record(args: &[String]) -> Result<(), Error> {
-    let a = parse_args(args, &["out", "max-records", "skip-records"])?;
+    let a = parse_args(
+        args,
+        &[
+            "out",
+            "max-records",
+            "skip-records",
+            "epoch-instructions",
+            "sample-every",
+            "max-epochs",
+            "seed",
+        ],
+    )?;
     a.check_flags(&["with-instructions"])?;
+    let d = lackey::Options::default();
     let opts = lackey::Options {
-        max_records: a.num("max-records", lackey::Options::default().max_records)?,
+        max_records: a.num("max-records", d.max_records)?,
         skip_records: a.num("skip-records", 0)?,
         with_instructions: a.flag("with-instructions"),
+        epoch_instructions: a.num("epoch-instructions", 0)?,
+        sample_every: a.num("sample-every", 1)?,
+        max_epochs: a.num("max-epochs", 0)?,
+        seed: a.num("seed", d.seed)?,
     };
+    if opts.sample_every == 0 {
+        return Err(Error::Usage("--sample-every must be at least 1".into()));
+    }
     let out = PathBuf::from(a.need("out")?);
     let t = lackey::reduce(std::io::stdin().lock(), opts)?;
     write_trace(&t, &out)
@@ -265,12 +296,16 @@ const BUDGETS: [u32; 3] = [100, 250, 500];
 
 fn cmd_report(args: &[String]) -> Result<(), Error> {
     let a = parse_args(args, &["traces", "out", "config"])?;
-    a.check_flags(&["quick", "no-scale"])?;
+    a.check_flags(&["quick", "no-scale", "no-generated"])?;
     let quick = a.flag("quick");
     let cfg = load_config(a.opts.get("config"))?;
     let out = PathBuf::from(a.opts.get("out").map_or("target/bench", String::as_str));
     std::fs::create_dir_all(&out).map_err(|e| report::Error::Write(out.clone(), e))?;
-    let mut traces = suite(quick)?;
+    let mut traces = if a.flag("no-generated") {
+        Vec::new()
+    } else {
+        suite(quick)?
+    };
     let dir = PathBuf::from(a.opts.get("traces").map_or("tests/traces", String::as_str));
     if dir.is_dir() {
         let mut files: Vec<PathBuf> = std::fs::read_dir(&dir)
@@ -395,6 +430,68 @@ fn cmd_scale(args: &[String]) -> Result<(), Error> {
     Ok(())
 }
 
+/// Writes a sparser copy of a trace (one access per block of N, `Trace::thin`).
+fn cmd_thin(args: &[String]) -> Result<(), Error> {
+    let a = parse_args(args, &["trace", "every", "out", "seed"])?;
+    a.check_flags(&[])?;
+    let every = a.num("every", 0)?;
+    if every == 0 {
+        return Err(Error::Usage("--every must be at least 1".into()));
+    }
+    let t = load_trace(Path::new(a.need("trace")?))?;
+    let thin = t.thin(every, a.num("seed", 1)?);
+    write_trace(&thin, Path::new(a.need("out")?))
+}
+
+/// Prints a trace's size figures: accesses, address space, footprint, epochs, markers.
+fn cmd_stat(args: &[String]) -> Result<(), Error> {
+    let a = parse_args(args, &["trace"])?;
+    a.check_flags(&[])?;
+    let p = PathBuf::from(a.need("trace")?);
+    let t = load_trace(&p)?;
+    let mut touched = vec![false; t.pages as usize];
+    for &pg in &t.accesses {
+        touched[pg as usize] = true;
+    }
+    let footprint = touched.iter().filter(|&&x| x).count() as u64;
+    let writes = (0..t.accesses.len()).filter(|&i| t.is_write(i)).count();
+    let epochs = t
+        .markers
+        .iter()
+        .filter(|m| m.id == vmtier_sim::trace::EPOCH_MARKER)
+        .count();
+    let per_epoch = t
+        .accesses
+        .len()
+        .checked_div(epochs)
+        .map(|n| {
+            let mut b = vec![0];
+            b.extend(t.epoch_bounds());
+            b.push(t.accesses.len() as u64);
+            let lens = b.windows(2).map(|w| w[1] - w[0]);
+            let (lo, hi) = (lens.clone().min(), lens.max());
+            format!(
+                ", {n} accesses per epoch on average ({}..{})",
+                lo.unwrap_or(0),
+                hi.unwrap_or(0)
+            )
+        })
+        .unwrap_or_default();
+    println!(
+        "{}: {} accesses ({:.1}% writes), address space {} pages, footprint {} pages ({}), {} epochs{}, {} other markers",
+        p.display(),
+        t.accesses.len(),
+        100.0 * writes as f64 / t.accesses.len().max(1) as f64,
+        t.pages,
+        footprint,
+        report::human_bytes(footprint << t.page_shift),
+        epochs,
+        per_epoch,
+        t.markers.len() - epochs
+    );
+    Ok(())
+}
+
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let (cmd, rest) = match args.split_first() {
@@ -407,6 +504,8 @@ fn main() -> ExitCode {
         "record-lackey" => cmd_record(rest),
         "report" => cmd_report(rest),
         "scale" => cmd_scale(rest),
+        "stat" => cmd_stat(rest),
+        "thin" => cmd_thin(rest),
         "policies" => {
             println!(
                 "{:<12} offline, greedy with one interval of lookahead (same budget and move limit; not an upper bound)",
