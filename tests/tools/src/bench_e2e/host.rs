@@ -110,7 +110,7 @@ pub fn node_phys_range(node: u32) -> Option<(u64, u64)> {
 /// An mlock'ed anonymous buffer placed on node 0: DRAM the guest cannot get (mlocked pages
 /// are unevictable, so demotion cannot move it either).
 pub struct Balloon {
-    _buf: Option<AnonBuf>,
+    _bufs: Vec<AnonBuf>,
     /// Bytes held.
     pub bytes: u64,
     /// Node 0's free memory before and after inflating.
@@ -121,25 +121,31 @@ pub struct Balloon {
 }
 
 impl Balloon {
-    /// Inflates until node 0 has about `target_free` bytes free (2 MiB steps).
+    /// Inflates until node 0 has about `target_free` bytes free (2 MiB steps). Node 0's
+    /// free memory moves while it inflates (reclaim, per-CPU lists, THP), so it inflates
+    /// again, up to 4 times, while more than 2 MiB too much is free.
     pub fn inflate_to(target_free: u64) -> Result<Self, String> {
         let free_before = node_free(0);
-        let bytes = free_before.saturating_sub(target_free) & !((2 << 20) - 1);
-        let buf = if bytes == 0 {
-            None
-        } else {
-            let len = usize::try_from(bytes).map_err(|e| e.to_string())?;
+        let mut bufs = Vec::new();
+        let mut bytes = 0;
+        for _ in 0..4 {
+            let step = node_free(0).saturating_sub(target_free) & !((2 << 20) - 1);
+            if step == 0 {
+                break;
+            }
+            let len = usize::try_from(step).map_err(|e| e.to_string())?;
             let buf = AnonBuf::new_on_node(len, false, 0).map_err(|e| e.to_string())?;
             // SAFETY: mlock on our own mapping, all of which is populated.
             if unsafe { libc::mlock(buf.addr().raw() as *const libc::c_void, buf.len()) } != 0 {
                 return Err(std::io::Error::last_os_error().to_string());
             }
-            Some(buf)
-        };
-        // Let the per-CPU page lists settle before reading the result.
-        std::thread::sleep(Duration::from_millis(200));
+            bufs.push(buf);
+            bytes += step;
+            // Let the per-CPU page lists settle before reading again.
+            std::thread::sleep(Duration::from_millis(200));
+        }
         Ok(Self {
-            _buf: buf,
+            _bufs: bufs,
             bytes,
             free_before,
             free_after: node_free(0),
