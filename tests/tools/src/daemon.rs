@@ -66,6 +66,44 @@ pub struct Daemon {
     bin: PathBuf,
 }
 
+/// Runs vmtierctl against a daemon's socket; `Send`, for pollers on their own thread.
+#[derive(Clone, Debug)]
+pub struct Probe {
+    bin: PathBuf,
+    socket: PathBuf,
+}
+
+impl Probe {
+    /// Runs vmtierctl with `args`; returns (success, stdout + stderr).
+    pub fn ctl(&self, args: &[&str]) -> (bool, String) {
+        match Command::new(self.bin.join("vmtierctl"))
+            .arg("--socket")
+            .arg(&self.socket)
+            .args(args)
+            .output()
+        {
+            Ok(o) => (
+                o.status.success(),
+                format!(
+                    "{}{}",
+                    String::from_utf8_lossy(&o.stdout),
+                    String::from_utf8_lossy(&o.stderr)
+                ),
+            ),
+            Err(e) => (false, e.to_string()),
+        }
+    }
+
+    /// `vmtierctl --json status VM`, parsed.
+    pub fn status(&self, vm: &str) -> Option<VmStatus> {
+        let (ok, out) = self.ctl(&["--json", "status", vm]);
+        match serde_json::from_str::<Response>(out.lines().next()?).ok()? {
+            Response::Ok(Reply::Status(s)) if ok => Some(*s),
+            _ => None,
+        }
+    }
+}
+
 /// Directory of our own binary: vmtierd and vmtierctl are built next to tbcheck.
 fn bin_dir() -> PathBuf {
     std::env::current_exe()
@@ -123,30 +161,19 @@ impl Daemon {
 
     /// Runs vmtierctl with `args`; returns (success, stdout + stderr).
     pub fn ctl(&self, args: &[&str]) -> (bool, String) {
-        match Command::new(self.bin.join("vmtierctl"))
-            .arg("--socket")
-            .arg(&self.socket)
-            .args(args)
-            .output()
-        {
-            Ok(o) => (
-                o.status.success(),
-                format!(
-                    "{}{}",
-                    String::from_utf8_lossy(&o.stdout),
-                    String::from_utf8_lossy(&o.stderr)
-                ),
-            ),
-            Err(e) => (false, e.to_string()),
-        }
+        self.probe().ctl(args)
     }
 
     /// `vmtierctl --json status VM`, parsed.
     pub fn status(&self, vm: &str) -> Option<VmStatus> {
-        let (ok, out) = self.ctl(&["--json", "status", vm]);
-        match serde_json::from_str::<Response>(out.lines().next()?).ok()? {
-            Response::Ok(Reply::Status(s)) if ok => Some(*s),
-            _ => None,
+        self.probe().status(vm)
+    }
+
+    /// A handle that runs vmtierctl against this daemon from another thread.
+    pub fn probe(&self) -> Probe {
+        Probe {
+            bin: self.bin.clone(),
+            socket: self.socket.clone(),
         }
     }
 

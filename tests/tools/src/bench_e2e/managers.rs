@@ -4,6 +4,9 @@
 
 use std::fs;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use serde_json::{json, Map, Value};
@@ -63,10 +66,52 @@ pub fn parse(list: &str) -> Result<Vec<Box<dyn Manager>>, String> {
 }
 
 /// vmtierd with its defaults (DAMON, policy `default`, 2 MiB granules, move_pages(2)), a
-/// 1 s tick and the budget.
+/// 1 s tick and the budget. vmtierd answers requests between ticks, and a tick can take
+/// seconds on a loaded host, so its tick count is polled on a thread of its own: sampling
+/// never waits for vmtierd.
 #[derive(Default)]
 pub struct Vmtierd {
     daemon: Option<Daemon>,
+    poller: Option<Poller>,
+}
+
+/// Polls vmtierd's tick count twice a second.
+struct Poller {
+    ticks: Arc<AtomicU64>,
+    stop: Arc<AtomicBool>,
+    thread: JoinHandle<()>,
+}
+
+impl Poller {
+    const UNKNOWN: u64 = u64::MAX;
+
+    fn start(probe: crate::daemon::Probe) -> Self {
+        let ticks = Arc::new(AtomicU64::new(Self::UNKNOWN));
+        let stop = Arc::new(AtomicBool::new(false));
+        let (t, s) = (Arc::clone(&ticks), Arc::clone(&stop));
+        let thread = std::thread::spawn(move || {
+            while !s.load(Ordering::Relaxed) {
+                if let Some(st) = probe.status("guest") {
+                    t.store(st.metrics.ticks, Ordering::Relaxed);
+                }
+                std::thread::sleep(Duration::from_millis(500));
+            }
+        });
+        Self {
+            ticks,
+            stop,
+            thread,
+        }
+    }
+
+    fn ticks(&self) -> Option<u64> {
+        Some(self.ticks.load(Ordering::Relaxed)).filter(|&t| t != Self::UNKNOWN)
+    }
+
+    fn stop(self) {
+        self.stop.store(true, Ordering::Relaxed);
+        let _ = self.thread.join();
+    }
 }
 
 impl Manager for Vmtierd {
@@ -90,12 +135,13 @@ impl Manager for Vmtierd {
                 println!("  vmtierd| {}", l.trim());
             }
         }
+        self.poller = Some(Poller::start(d.probe()));
         self.daemon = Some(d);
         Ok(())
     }
 
     fn ticks(&mut self) -> Option<u64> {
-        Some(self.daemon.as_ref()?.status("guest")?.metrics.ticks)
+        self.poller.as_ref()?.ticks()
     }
 
     fn cpu_seconds(&self) -> Option<f64> {
@@ -103,6 +149,9 @@ impl Manager for Vmtierd {
     }
 
     fn stop(&mut self) -> Result<Map<String, Value>, String> {
+        if let Some(p) = self.poller.take() {
+            p.stop();
+        }
         let mut d = self.daemon.take().ok_or("vmtierd was not started")?;
         let mut out = Map::new();
         if let Some(st) = d.status("guest") {
