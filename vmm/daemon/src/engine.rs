@@ -84,6 +84,9 @@ pub enum Error {
     /// Where the VM's pages are could not be read.
     #[error("Cannot locate the pages of {0}")]
     Locate(VmId, #[source] MigrateError),
+    /// A libvirt hook notification, but vmtierd does not follow libvirt.
+    #[error("vmtierd does not follow libvirt (no [libvirt] in its config, no --connect)")]
+    NoLibvirt,
 }
 
 /// Why a VM stopped being managed during a tick.
@@ -170,6 +173,8 @@ enum Component {
     Module,
     /// The backend (memory layout).
     Layout,
+    /// Settings from outside the config file (a libvirt domain's metadata) that were refused.
+    Metadata,
 }
 
 impl Component {
@@ -179,6 +184,7 @@ impl Component {
             Component::Migrator => "migrator",
             Component::Module => "kernel module",
             Component::Layout => "layout",
+            Component::Metadata => "metadata",
         }
     }
 }
@@ -272,6 +278,9 @@ struct Vm {
     retries: BTreeMap<Granule, Retry>,
     /// When a tick longer than the interval was last logged.
     slow_tick_logged: Option<Instant>,
+    /// This VM's own migration rate limit, bytes per second (below its share of the
+    /// daemon's); `None` = its share only.
+    rate_limit: Option<u64>,
 }
 
 impl Vm {
@@ -384,6 +393,7 @@ impl Engine {
             reports: Vec::new(),
             retries: BTreeMap::new(),
             slow_tick_logged: None,
+            rate_limit: None,
         };
         self.migrator.add_layout(&vm.layout);
         if let Err(e) = refresh_placement(&self.cfg, self.locator.as_mut(), &mut vm) {
@@ -423,6 +433,47 @@ impl Engine {
         Ok(format!("Budget of {name} set to {budget}"))
     }
 
+    /// Sets (or with `None` clears) a VM's own migration rate limit in bytes per second;
+    /// the VM moves at most the smaller of it and its share of the daemon's limit.
+    pub fn set_rate_limit(&mut self, name: &VmId, rate: Option<u64>) -> Result<String, Error> {
+        let vm = self
+            .vms
+            .get_mut(name)
+            .ok_or_else(|| Error::NoSuchVm(name.clone()))?;
+        vm.rate_limit = rate;
+        let what = rate.map_or_else(
+            || "its share of the daemon's".into(),
+            |r| format!("{}/s", ByteSize(r)),
+        );
+        info!("{name}: rate limit {what}");
+        Ok(format!("Rate limit of {name} set to {what}"))
+    }
+
+    /// Records (`Some`) or clears (`None`) a problem with settings given from outside the
+    /// config file, such as a libvirt domain's metadata: the VM shows `degraded: metadata:
+    /// WHY` in list and status (its old settings stay in force); the log line is
+    /// rate-limited like the VM's other problems.
+    pub fn set_metadata_problem(
+        &mut self,
+        name: &VmId,
+        problem: Option<String>,
+    ) -> Result<(), Error> {
+        let vm = self
+            .vms
+            .get_mut(name)
+            .ok_or_else(|| Error::NoSuchVm(name.clone()))?;
+        match problem {
+            Some(why) => vm.problems.set(name.as_str(), Component::Metadata, why),
+            None => vm.problems.clear(name.as_str(), Component::Metadata),
+        }
+        Ok(())
+    }
+
+    /// Whether a VM is still managed (attached and not failed); `None` if unknown.
+    pub fn is_active(&self, name: &VmId) -> Option<bool> {
+        self.vms.get(name).map(|v| v.failed.is_none())
+    }
+
     /// Names of the managed VMs.
     pub fn vm_names(&self) -> Vec<VmId> {
         self.vms.keys().cloned().collect()
@@ -451,12 +502,21 @@ impl Engine {
                 continue;
             }
             let t = Instant::now();
+            // A VM's own rate limit, in granules per tick (at least one).
+            #[allow(
+                clippy::cast_possible_truncation,
+                clippy::cast_sign_loss,
+                clippy::cast_precision_loss
+            )]
+            let own = vm.rate_limit.map_or(max_moves, |r| {
+                (((r as f64 * tick_s) as u64) / self.cfg.granule.bytes()).max(1)
+            });
             if let Err(lost) = tick_vm(
                 &self.cfg,
                 self.migrator.as_mut(),
                 self.locator.as_mut(),
                 vm,
-                max_moves,
+                max_moves.min(own),
                 t + share,
             ) {
                 let why = err_chain(&lost);
@@ -522,6 +582,7 @@ impl Engine {
                 .set_budget(&vm, budget)
                 .map(|message| Reply::Done { message }),
             Request::Detach { vm } => self.detach(&vm).map(|message| Reply::Done { message }),
+            Request::LibvirtHook { .. } => Err(Error::NoLibvirt),
             Request::Attach { vm } => match vm
                 .validate()
                 .map_err(|e| e.to_string())

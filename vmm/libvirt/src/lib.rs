@@ -9,3 +9,6 @@
 pub mod backend;
 pub mod conn;
 pub mod metadata;
+
+/// The libvirt binding in use (its `Connect` is shared with backends).
+pub use virt;
