@@ -225,8 +225,17 @@ pub fn run(c: &mut Checks, a: &LibvirtArgs) {
         PathBuf::from(std::env::var("VMTIER_REPO").unwrap_or_else(|_| ".".into()))
             .join("tests/testbed/libvirt-up")
     });
+    // vmtierd's socket, known now so that the libvirt hook can be installed with it.
+    let socket = std::env::temp_dir().join(format!("vmtierd-lv-{}.sock", std::process::id()));
+    let ctl = std::env::current_exe()
+        .ok()
+        .and_then(|p| p.parent().map(|d| d.join("vmtierctl")))
+        .unwrap_or_default();
     let t = Instant::now();
-    let out = Command::new(&up).output();
+    let out = Command::new(&up)
+        .env("VMTIER_HOOK_VMTIERCTL", &ctl)
+        .env("VMTIER_HOOK_SOCKET", &socket)
+        .output();
     let ok = out.as_ref().is_ok_and(|o| o.status.success());
     let text = out.map_or_else(
         |e| e.to_string(),
@@ -278,6 +287,16 @@ pub fn run(c: &mut Checks, a: &LibvirtArgs) {
     ) {
         return;
     }
+    // libvirt's capability probe, kept for the next run (tests/testbed/libvirt-up).
+    if let Ok(t) = std::env::var("VMTIER_TARGET") {
+        let keep = PathBuf::from(t).join("testbed/libvirt-caps");
+        let _ = std::fs::create_dir_all(&keep);
+        if let Ok(rd) = std::fs::read_dir("/var/cache/libvirt/qemu/capabilities") {
+            for e in rd.filter_map(Result::ok) {
+                let _ = std::fs::copy(e.path(), keep.join(e.file_name()));
+            }
+        }
+    }
     let mut con1 = match Console::open(&dir.join("wl1.sock")) {
         Ok(c1) => c1,
         Err(e) => return c.fatal("open wl1's console", e),
@@ -313,16 +332,23 @@ pub fn run(c: &mut Checks, a: &LibvirtArgs) {
         p0.dram <= total / 20,
         "wl1's RAM starts on the CXL node",
         format!(
-            "{} of {} in DRAM ({} ranges, qemu pid {})",
+            "{} of {} in DRAM ({} ranges, qemu pid {}, its {})",
             ByteSize(p0.dram),
             ByteSize(total),
             layout.ranges.len(),
-            layout.pid
+            layout.pid,
+            std::fs::read_to_string(format!("/proc/{}/status", layout.pid))
+                .unwrap_or_default()
+                .lines()
+                .find(|l| l.starts_with("Mems_allowed_list"))
+                .unwrap_or("Mems_allowed_list: ?")
+                .split_whitespace()
+                .collect::<Vec<_>>()
+                .join(" ")
         ),
     );
 
     // 3. vmtierd with [libvirt] only: no [[vm]].
-    let socket = std::env::temp_dir().join(format!("vmtierd-lv-{}.sock", std::process::id()));
     let run_dir = std::env::var("VMTIER_RUN")
         .map_or_else(|_| std::env::temp_dir(), PathBuf::from)
         .join("libvirt");
@@ -508,6 +534,19 @@ pub fn run(c: &mut Checks, a: &LibvirtArgs) {
             "{:.1} s after virsh create returned",
             attached.map_or(-1.0, |t| t.as_secs_f64())
         ),
+    );
+    let hooked = until(Duration::from_secs(10), &mut || {
+        d.log_text().contains("hook: domain \"wl2\" \"start")
+    });
+    c.check(
+        hooked.is_some(),
+        "the libvirt hook told vmtierd about wl2",
+        d.log_text()
+            .lines()
+            .filter(|l| l.contains("hook: domain \"wl2\""))
+            .map(|l| l.split_once("] ").map_or(l, |x| x.1).to_owned())
+            .collect::<Vec<_>>()
+            .join("; "),
     );
     let (ok, out) = virsh(&["destroy", "wl2"]);
     c.check(ok, "virsh destroy wl2", &out);

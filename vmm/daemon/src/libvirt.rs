@@ -107,6 +107,25 @@ fn build_policy(cfg: &Config, t: &Tiering) -> Result<Box<dyn PlacementPolicy>, S
     }
 }
 
+/// `Mems_allowed_list` of a `/proc/PID/status` text.
+fn mems_allowed(status: &str) -> Option<&str> {
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("Mems_allowed_list:"))
+        .map(str::trim)
+}
+
+/// Whether a kernel node list (`0-1,3`) contains `n`.
+fn node_in_list(list: &str, n: u32) -> bool {
+    list.split(',').any(|p| match p.trim().split_once('-') {
+        Some((a, b)) => matches!(
+            (a.parse::<u32>(), b.parse::<u32>()),
+            (Ok(a), Ok(b)) if a <= n && n <= b
+        ),
+        None => p.trim().parse() == Ok(n),
+    })
+}
+
 /// A source factory as `parts::build` makes one.
 fn source_factory(cfg: &Config) -> SourceFactory {
     let choice = cfg.daemon.source;
@@ -321,6 +340,20 @@ impl Follower {
         let policy = build_policy(cfg, t)?;
         let backend = LibvirtBackend::new(conn, &d.name, &d.uuid, Path::new(&self.cfg.pid_dir))
             .map_err(|e| error_chain(&e))?;
+        // libvirt's strict numatune with the cpuset cgroup controller confines QEMU to the
+        // nodeset: no page of it can move to DRAM (move_pages gets EACCES). Say why.
+        let status =
+            std::fs::read_to_string(format!("/proc/{}/status", backend.pid())).unwrap_or_default();
+        if let Some(mems) = mems_allowed(&status) {
+            if !node_in_list(mems, cfg.daemon.fast_node.raw()) {
+                warn!(
+                    "{id}: QEMU's cpuset allows nodes {mems} only, not DRAM node {}: its pages \
+                     cannot be promoted (libvirt's <numatune mode='strict'> with the cpuset \
+                     cgroup controller; see docs/libvirt.md, numatune)",
+                    cfg.daemon.fast_node
+                );
+            }
+        }
         let parts = VmParts {
             backend: Box::new(backend),
             source: source_factory(cfg),
@@ -435,6 +468,21 @@ impl Follower {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn cpusets_that_exclude_dram_are_seen() {
+        let cases = [
+            ("Name:\tqemu\nMems_allowed_list:\t1\n", 0, Some(false)),
+            ("Mems_allowed_list:\t0-1\n", 0, Some(true)),
+            ("Mems_allowed_list:\t1,3-4\n", 4, Some(true)),
+            ("Mems_allowed_list:\t1,3-4\n", 2, Some(false)),
+            ("Name:\tqemu\n", 0, None),
+        ];
+        for (status, node, want) in cases {
+            let got = mems_allowed(status).map(|m| node_in_list(m, node));
+            assert_eq!(got, want, "{status:?} {node}");
+        }
+    }
 
     #[test]
     fn policies_from_metadata_are_built_or_refused_by_name() {
