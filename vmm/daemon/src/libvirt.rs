@@ -17,7 +17,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use log::{info, warn};
+use log::{debug, info, warn};
 use vmtier_core::policy::{PlacementPolicy, TrackingSource};
 use vmtier_core::{error_chain, ByteSize, GuestMemoryLayout, VmId};
 use vmtier_libvirt::backend::LibvirtBackend;
@@ -181,7 +181,7 @@ impl Follower {
                 self.lv = Some(lv);
                 self.dirty = true;
             }
-            Err(e) => self.log_problem("libvirt", format!("{}", error_chain(&e))),
+            Err(e) => self.log_problem("libvirt", error_chain(&e)),
         }
     }
 
@@ -296,6 +296,11 @@ impl Follower {
                     );
                 }
                 (true, Desired::Manage(t)) => self.update(engine, cfg, &id, t),
+                (false, Desired::Manage(_)) if !d.running => {
+                    // Starting up or migrating in: libvirt holds the monitor until it
+                    // resumes, which is an event.
+                    debug!("{id}: not attached yet: the domain is not running (paused)");
+                }
                 (false, Desired::Manage(t)) => {
                     let r = self.attach(engine, cfg, &id, &d, &t, conn.clone());
                     match r {
@@ -409,6 +414,7 @@ impl Follower {
                 name: id.to_string(),
                 uuid,
                 id: 0,
+                running: true,
                 metadata: None,
             };
             let Some(conn) = self.lv.as_ref().map(Libvirt::connect) else {

@@ -101,6 +101,9 @@ pub struct DomainState {
     pub uuid: String,
     /// libvirt's id of the running domain.
     pub id: u32,
+    /// Whether its vCPUs run (`VIR_DOMAIN_RUNNING`): a domain being started or migrated in is
+    /// paused, and libvirt holds its monitor until it resumes.
+    pub running: bool,
     /// vmtier's metadata element, if the domain has one.
     pub metadata: Option<String>,
 }
@@ -391,10 +394,14 @@ impl Libvirt {
                     continue;
                 }
             };
+            let running = d
+                .get_state()
+                .is_ok_and(|(st, _)| st == virt_sys::VIR_DOMAIN_RUNNING);
             out.push(DomainState {
                 name,
                 uuid,
                 id,
+                running,
                 metadata,
             });
         }

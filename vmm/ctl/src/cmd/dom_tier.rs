@@ -110,11 +110,8 @@ mod tests {
     #[test]
     fn changes_merge_into_the_metadata_and_are_checked() {
         let old = Tiering::with_budget(ByteSize(1 << 30));
-        let cases: Vec<(
-            Option<Tiering>,
-            Args,
-            Result<(u64, Option<&str>, bool), &str>,
-        )> = vec![
+        type Want = Result<(u64, Option<&'static str>, bool), &'static str>;
+        let cases: Vec<(Option<Tiering>, Args, Want)> = vec![
             (
                 Some(old.clone()),
                 args(Some(2 << 30), None, false),
