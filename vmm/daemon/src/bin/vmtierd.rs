@@ -189,6 +189,11 @@ fn main() -> ExitCode {
         let wait = (next - now).min(Duration::from_millis(200));
         match rx.recv_timeout(wait) {
             Ok((req, reply)) => {
+                // Changes libvirt reported while we waited are in force before any answer.
+                #[cfg(feature = "libvirt")]
+                if let Some(f) = follower.as_mut() {
+                    f.poll(&mut engine, &cfg);
+                }
                 #[cfg(feature = "libvirt")]
                 if let (Some(f), vmtier_daemon::proto::Request::LibvirtHook { domain, op }) =
                     (follower.as_mut(), &req)
