@@ -281,6 +281,9 @@ struct Vm {
     /// This VM's own migration rate limit, bytes per second (below its share of the
     /// daemon's); `None` = its share only.
     rate_limit: Option<u64>,
+    /// Re-read the layout at the next tick (memory hotplug reported), whatever
+    /// `refresh_ticks` says.
+    recheck_due: bool,
 }
 
 impl Vm {
@@ -394,6 +397,7 @@ impl Engine {
             retries: BTreeMap::new(),
             slow_tick_logged: None,
             rate_limit: None,
+            recheck_due: false,
         };
         self.migrator.add_layout(&vm.layout);
         if let Err(e) = refresh_placement(&self.cfg, self.locator.as_mut(), &mut vm) {
@@ -466,6 +470,17 @@ impl Engine {
             Some(why) => vm.problems.set(name.as_str(), Component::Metadata, why),
             None => vm.problems.clear(name.as_str(), Component::Metadata),
         }
+        Ok(())
+    }
+
+    /// Has the next tick re-read a VM's layout and placement (a device was added or removed:
+    /// memory hotplug), instead of waiting for `refresh_ticks`.
+    pub fn recheck_layout_soon(&mut self, name: &VmId) -> Result<(), Error> {
+        let vm = self
+            .vms
+            .get_mut(name)
+            .ok_or_else(|| Error::NoSuchVm(name.clone()))?;
+        vm.recheck_due = true;
         Ok(())
     }
 
@@ -811,7 +826,8 @@ fn tick_vm(
     vm.metrics.deferred_granules += (e.promote.len() - n) as u64;
     move_granules(cfg, migrator, vm, &e.promote[..n], Tier::Fast, deadline)?;
 
-    if cfg.refresh_ticks > 0 && vm.tick % cfg.refresh_ticks == 0 {
+    if vm.recheck_due || (cfg.refresh_ticks > 0 && vm.tick % cfg.refresh_ticks == 0) {
+        vm.recheck_due = false;
         recheck_layout(cfg, migrator, vm)?;
         match refresh_placement(cfg, locator, vm) {
             Ok(()) => {}
@@ -1540,6 +1556,53 @@ mod tests {
         }
         assert_eq!(e.status(&vm).unwrap().summary.total_bytes, 2 * len);
         assert_eq!(state(&e), "active");
+    }
+
+    #[test]
+    fn hotplug_recheck_rate_limit_and_metadata_problems() {
+        let len = 64 * MIB;
+        let w = world(len);
+        let hot = Arc::new(Mutex::new((0, 32 * MIB)));
+        let layout: SharedLayout = Arc::new(Mutex::new(Some(one_range(7, len))));
+        let mut e = engine(&w, 100_000);
+        let vm: VmId = "g".parse().unwrap();
+        e.attach(
+            vm.clone(),
+            ByteSize(64 * MIB),
+            parts_with(&w, 7, len, &hot, layout.clone()),
+        )
+        .unwrap();
+        // Its own rate limit: 4 MiB/s with 1 s ticks = two 2 MiB granules per tick.
+        e.set_rate_limit(&vm, Some(4 * MIB)).unwrap();
+        e.tick();
+        e.tick();
+        assert!(hot_in_dram(&w, 0, 32 * MIB) <= 8 * MIB, "rate limited");
+        e.set_rate_limit(&vm, None).unwrap();
+        for _ in 0..3 {
+            e.tick();
+        }
+        assert_eq!(hot_in_dram(&w, 0, 32 * MIB), 32 * MIB);
+        // Hotplug reported: the next tick re-reads the layout (refresh_ticks is 5).
+        add_process(&w, 7, 2 * len);
+        *layout.lock().unwrap() = Some(one_range(7, 2 * len));
+        let t = e.status(&vm).unwrap().metrics.ticks;
+        assert_ne!((t + 1) % 5, 0, "the next tick is not a refresh tick");
+        e.recheck_layout_soon(&vm).unwrap();
+        e.tick();
+        assert_eq!(e.status(&vm).unwrap().summary.total_bytes, 2 * len);
+        // Refused settings show, name the reason, and clear.
+        e.set_metadata_problem(&vm, Some("Attribute budget=\"4X\": not a size".into()))
+            .unwrap();
+        let state = |e: &Engine| e.status(&vm).unwrap().summary.state;
+        assert_eq!(
+            state(&e),
+            "degraded: metadata: Attribute budget=\"4X\": not a size"
+        );
+        e.set_metadata_problem(&vm, None).unwrap();
+        assert_eq!(state(&e), "active");
+        let nobody: VmId = "nobody".parse().unwrap();
+        assert!(e.recheck_layout_soon(&nobody).is_err());
+        assert!(e.set_rate_limit(&nobody, None).is_err());
     }
 
     #[test]

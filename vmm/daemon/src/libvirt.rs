@@ -21,7 +21,7 @@ use log::{debug, info, warn};
 use vmtier_core::policy::{PlacementPolicy, TrackingSource};
 use vmtier_core::{error_chain, ByteSize, GuestMemoryLayout, VmId};
 use vmtier_libvirt::backend::LibvirtBackend;
-use vmtier_libvirt::conn::{DomainState, Libvirt};
+use vmtier_libvirt::conn::{DomainState, EventKind, Libvirt};
 use vmtier_libvirt::metadata::{ParamValue, Tiering};
 use vmtier_sources::SelectOptions;
 
@@ -223,6 +223,17 @@ impl Follower {
         for ev in lv.events() {
             info!("libvirt: domain {} {}", ev.domain, ev.describe());
             self.dirty = true;
+            // Memory hotplug: a dimm added or removed changes the guest RAM layout.
+            if matches!(
+                ev.kind,
+                EventKind::DeviceAdded(_) | EventKind::DeviceRemoved(_)
+            ) {
+                if let Ok(id) = ev.domain.parse::<VmId>() {
+                    if self.managed.contains_key(&id) {
+                        let _ = engine.recheck_layout_soon(&id);
+                    }
+                }
+            }
         }
         if self.dirty {
             self.reconcile(engine, cfg);
