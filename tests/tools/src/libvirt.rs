@@ -524,14 +524,35 @@ pub fn run(c: &mut Checks, a: &LibvirtArgs) {
         "DRAM stays under the kept budget",
         ByteSize(p.dram),
     );
-    let (ok, _) = set(&low);
-    let back = until(Duration::from_secs(10), &mut || {
+    // vmtierctl writes valid metadata through libvirt: virsh sees what vmtierctl wrote.
+    let (ok, out) = d.ctl(&["-c", URI, "dom-tier", "wl1", "--budget", &low, "--live"]);
+    c.check(ok, "vmtierctl dom-tier replaces the bad metadata", &out);
+    let (_, shown) = virsh(&["metadata", "wl1", "--live", "--uri", NAMESPACE]);
+    c.check(
+        vmtier_libvirt::metadata::Tiering::parse(&shown)
+            .is_ok_and(|t| t.budget == a.lower_budget && t.enabled),
+        "virsh and vmtierctl agree on the metadata",
+        format!("virsh metadata: {shown}"),
+    );
+    let back = until(Duration::from_secs(30), &mut || {
         d.status("wl1").is_some_and(|s| s.summary.state == "active")
     });
     c.check(
-        ok && back.is_some(),
+        back.is_some(),
         "valid metadata clears the problem",
-        format!("{back:?}"),
+        format!("{:.1} s", back.map_or(-1.0, |t| t.as_secs_f64())),
+    );
+    let (ok, out) = d.ctl(&["-c", URI, "dom-stats", "wl1"]);
+    c.check(
+        ok && out.contains("metadata: <tiering") && out.contains("libvirt domain wl1"),
+        "vmtierctl dom-stats shows the metadata and vmtierd's status",
+        out.lines().take(3).collect::<Vec<_>>().join(" | "),
+    );
+    let (ok, out) = d.ctl(&["nodes"]);
+    c.check(
+        ok && out.lines().count() == 2 && out.contains("node 1") && out.contains("no CPUs"),
+        "vmtierctl nodes shows DRAM and the CPU-less CXL node",
+        out.trim().replace('\n', " | "),
     );
 
     // 7. A domain started later is attached; destroyed, it is detached.
