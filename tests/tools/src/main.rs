@@ -16,6 +16,7 @@ mod kmod_fuzz;
 mod kmod_isolation;
 mod kmod_skips;
 mod kmod_writeback;
+mod libvirt;
 mod mem;
 mod sanity;
 mod soak;
@@ -61,6 +62,9 @@ enum Cmd {
     /// Soak: ≥ N page migrations by vmtierd (move_pages and the module, 4 KiB and THP)
     /// under changing budgets while the guest writes; table and JSON, zero corruption.
     Soak(soak::SoakArgs),
+    /// vmtierd following a real libvirtd: domains found from their metadata, budget changes
+    /// with virsh, domains attached and detached as they start and stop.
+    Libvirt(libvirt::LibvirtArgs),
 }
 
 fn main() -> ExitCode {
@@ -79,6 +83,7 @@ fn main() -> ExitCode {
         Cmd::BenchE2e(a) => bench_e2e::run(&mut c, &a),
         Cmd::Sources(a) => sources::run(&mut c, &a),
         Cmd::Soak(a) => soak::run(&mut c, &a),
+        Cmd::Libvirt(a) => libvirt::run(&mut c, &a),
     }
     c.finish()
 }

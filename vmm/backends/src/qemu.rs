@@ -26,6 +26,9 @@ pub enum Error {
     /// Talking to QEMU failed.
     #[error("QMP failed")]
     Qmp(#[from] qmp::Error),
+    /// A monitor reached another way (libvirt's monitor-command API) failed.
+    #[error("QEMU monitor command failed")]
+    Monitor(#[source] Box<dyn std::error::Error + Send + Sync>),
     /// `info mtree -f` output did not parse.
     #[error("Cannot parse 'info mtree -f' line {0:?}")]
     Mtree(String),
@@ -163,7 +166,7 @@ pub struct QemuBackend {
 }
 
 /// A pidfd for `pid`; `None` (logged) where the kernel cannot give one.
-pub(crate) fn hold(pid: ProcessId) -> Result<Option<Pidfd>, process::Error> {
+pub fn hold(pid: ProcessId) -> Result<Option<Pidfd>, process::Error> {
     match Pidfd::open(pid) {
         Ok(p) => Ok(Some(p)),
         Err(e @ process::Error::Unsupported(_)) => {
@@ -179,7 +182,7 @@ pub(crate) fn hold(pid: ProcessId) -> Result<Option<Pidfd>, process::Error> {
 
 /// What a pidfd says, with a poll failure taken as "exited": a pid is used only while its
 /// process is known to be the one attached.
-pub(crate) fn alive(pidfd: Option<&Pidfd>) -> Option<bool> {
+pub fn alive(pidfd: Option<&Pidfd>) -> Option<bool> {
     pidfd.map(|p| {
         p.is_alive().unwrap_or_else(|e| {
             warn!("{}", vmtier_core::error_chain(&e));
@@ -265,60 +268,84 @@ impl QemuBackend {
         let Some(qmp) = self.qmp.as_mut() else {
             return Err(Error::Qmp(qmp::Error::Closed));
         };
-        let memdevs = qmp.execute("query-memdev", None)?;
-        let ids: Vec<String> = memdevs
-            .as_array()
-            .map(|a| {
-                a.iter()
-                    .filter_map(|m| m.get("id").and_then(Value::as_str).map(str::to_owned))
-                    .collect()
-            })
-            .unwrap_or_default();
-        let mtree = qmp.hmp("info mtree -f")?;
-        let flat: Vec<FlatRange> = parse_flat_mtree(&mtree)?
-            .into_iter()
-            .filter(|r| r.kind == "ram" && ids.contains(&r.name))
-            .collect();
-        if flat.is_empty() {
-            return Err(Error::NoRam(ids));
+        locate_ram(qmp, self.pid)
+    }
+}
+
+/// A QEMU monitor: QMP commands without arguments and HMP commands. QMP over a socket
+/// ([`Qmp`]) is one; libvirt's monitor-command API is another (vmtier-libvirt).
+pub trait Monitor {
+    /// Runs a QMP command without arguments; its `return` value.
+    fn qmp(&mut self, cmd: &str) -> Result<Value, Error>;
+    /// Runs an HMP command; its text output.
+    fn hmp(&mut self, cmd: &str) -> Result<String, Error>;
+}
+
+impl Monitor for Qmp {
+    fn qmp(&mut self, cmd: &str) -> Result<Value, Error> {
+        Ok(self.execute(cmd, None)?)
+    }
+
+    fn hmp(&mut self, cmd: &str) -> Result<String, Error> {
+        Ok(Qmp::hmp(self, cmd)?)
+    }
+}
+
+/// Finds every guest RAM range of the QEMU process `pid` through its monitor and checks
+/// each against `/proc/PID/maps` (steps 1–4 of this module's description).
+pub fn locate_ram(qmp: &mut dyn Monitor, pid: ProcessId) -> Result<GuestMemoryLayout, Error> {
+    let memdevs = qmp.qmp("query-memdev")?;
+    let ids: Vec<String> = memdevs
+        .as_array()
+        .map(|a| {
+            a.iter()
+                .filter_map(|m| m.get("id").and_then(Value::as_str).map(str::to_owned))
+                .collect()
+        })
+        .unwrap_or_default();
+    let mtree = qmp.hmp("info mtree -f")?;
+    let flat: Vec<FlatRange> = parse_flat_mtree(&mtree)?
+        .into_iter()
+        .filter(|r| r.kind == "ram" && ids.contains(&r.name))
+        .collect();
+    if flat.is_empty() {
+        return Err(Error::NoRam(ids));
+    }
+    let maps = procmaps::read(pid)?;
+    let mut ranges = Vec::with_capacity(flat.len());
+    // Host address of offset 0 of each backend, to check that its ranges agree.
+    let mut bases: Vec<(String, u64)> = Vec::new();
+    for r in flat {
+        let reply = qmp.hmp(&format!("gpa2hva {:#x}", r.start))?;
+        let hva = parse_gpa2hva(&reply).ok_or_else(|| Error::Gpa2hva {
+            gpa: r.start,
+            reply: reply.trim().to_owned(),
+        })?;
+        let base = hva
+            .raw()
+            .checked_sub(r.offset)
+            .ok_or_else(|| Error::Inconsistent(r.name.clone()))?;
+        match bases.iter().find(|b| b.0 == r.name) {
+            Some(b) if b.1 != base => return Err(Error::Inconsistent(r.name)),
+            Some(_) => {}
+            None => bases.push((r.name.clone(), base)),
         }
-        let pid = self.pid;
-        let maps = procmaps::read(pid)?;
-        let mut ranges = Vec::with_capacity(flat.len());
-        // Host address of offset 0 of each backend, to check that its ranges agree.
-        let mut bases: Vec<(String, u64)> = Vec::new();
-        for r in flat {
-            let reply = qmp.hmp(&format!("gpa2hva {:#x}", r.start))?;
-            let hva = parse_gpa2hva(&reply).ok_or_else(|| Error::Gpa2hva {
-                gpa: r.start,
-                reply: reply.trim().to_owned(),
-            })?;
-            let base = hva
-                .raw()
-                .checked_sub(r.offset)
-                .ok_or_else(|| Error::Inconsistent(r.name.clone()))?;
-            match bases.iter().find(|b| b.0 == r.name) {
-                Some(b) if b.1 != base => return Err(Error::Inconsistent(r.name)),
-                Some(_) => {}
-                None => bases.push((r.name.clone(), base)),
-            }
-            let backing =
-                procmaps::covering_backing(&maps, hva, r.len).ok_or_else(|| Error::NotMapped {
-                    name: r.name.clone(),
-                    hva,
-                    len: r.len,
-                    pid,
-                })?;
-            ranges.push(GuestRamRange {
-                name: r.name,
-                gpa: GuestPhysAddr(r.start),
+        let backing =
+            procmaps::covering_backing(&maps, hva, r.len).ok_or_else(|| Error::NotMapped {
+                name: r.name.clone(),
                 hva,
                 len: r.len,
-                backing,
-            });
-        }
-        Ok(GuestMemoryLayout::new(pid, ranges)?)
+                pid,
+            })?;
+        ranges.push(GuestRamRange {
+            name: r.name,
+            gpa: GuestPhysAddr(r.start),
+            hva,
+            len: r.len,
+            backing,
+        });
     }
+    Ok(GuestMemoryLayout::new(pid, ranges)?)
 }
 
 impl VmBackend for QemuBackend {

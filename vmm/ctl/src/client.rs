@@ -22,6 +22,16 @@ pub enum Error {
     /// The daemon refused the request.
     #[error("{0}")]
     Refused(String),
+    /// Talking to libvirt failed.
+    #[error(transparent)]
+    Libvirt(Box<dyn std::error::Error + Send + Sync>),
+}
+
+impl Error {
+    /// A libvirt error.
+    pub fn libvirt(e: vmtier_libvirt::conn::Error) -> Self {
+        Self::Libvirt(Box::new(e))
+    }
 }
 
 /// A vmtierd client.

@@ -7,7 +7,7 @@ mod cmd;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
-use clap::{Parser, Subcommand};
+use clap::{CommandFactory, Parser, Subcommand};
 
 #[derive(Parser, Debug)]
 #[command(
@@ -25,6 +25,15 @@ struct Cli {
     /// Print the daemon's JSON reply instead of text.
     #[arg(long, global = true)]
     json: bool,
+    /// libvirt connection URI, as virsh's `-c` (for dom-tier, dom-stats).
+    #[arg(
+        short = 'c',
+        long = "connect",
+        global = true,
+        env = "LIBVIRT_DEFAULT_URI",
+        default_value = vmtier_libvirt::conn::DEFAULT_URI
+    )]
+    uri: String,
     #[command(subcommand)]
     cmd: Cmd,
 }
@@ -41,6 +50,20 @@ enum Cmd {
     Attach(cmd::attach::Args),
     /// Stop managing a VM; its pages stay where they are.
     Detach(cmd::detach::Args),
+    /// Show or change a libvirt domain's vmtier metadata (budget, policy, rate), through
+    /// libvirt: vmtierd follows it within a tick.
+    DomTier(cmd::dom_tier::Args),
+    /// A libvirt domain's vmtier metadata and vmtierd's status of it.
+    DomStats(cmd::dom_stats::Args),
+    /// The host's NUMA nodes: memory, CPUs, memory tier.
+    Nodes,
+    /// Tell vmtierd about a libvirt hook call (run by /etc/libvirt/hooks/qemu.d/vmtier).
+    #[command(hide = true)]
+    LibvirtHook(cmd::libvirt_hook::Args),
+    /// Shell completion script on stdout.
+    Completions(cmd::completions::Args),
+    /// The man page (roff) on stdout.
+    Man,
 }
 
 fn main() -> ExitCode {
@@ -52,6 +75,15 @@ fn main() -> ExitCode {
         Cmd::SetBudget(a) => cmd::set_budget::run(&client, &a),
         Cmd::Attach(a) => cmd::attach::run(&client, a),
         Cmd::Detach(a) => cmd::detach::run(&client, &a),
+        Cmd::DomTier(a) => cmd::dom_tier::run(&cli.uri, &a),
+        Cmd::DomStats(a) => cmd::dom_stats::run(&client, &cli.uri, &a),
+        Cmd::Nodes => cmd::nodes::run(cli.json),
+        Cmd::LibvirtHook(a) => cmd::libvirt_hook::run(&client, &a),
+        Cmd::Completions(a) => {
+            cmd::completions::run(Cli::command(), &a);
+            Ok(())
+        }
+        Cmd::Man => cmd::completions::man(Cli::command()),
     };
     match r {
         Ok(()) => ExitCode::SUCCESS,

@@ -55,6 +55,71 @@ pub struct Config {
     /// VMs managed from the start (`[[vm]]`); more can be attached at runtime.
     #[serde(rename = "vm")]
     pub vms: Vec<VmConfig>,
+    /// Follow libvirt's domains (`[libvirt]`, docs/libvirt.md). Absent: off.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub libvirt: Option<LibvirtConfig>,
+}
+
+/// `libvirt.rescan_ticks`: 0 (on events only) to 10^6.
+pub const RESCAN_TICKS: RangeInclusive<u64> = 0..=1_000_000;
+
+/// `[libvirt]`: domains of a libvirt connection are found and followed (attached when they
+/// start with vmtier metadata, changed when it changes, detached when they stop).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct LibvirtConfig {
+    /// Connection URI. Default `qemu:///system` (vmtierd's `--connect` overrides it).
+    pub uri: String,
+    /// Also manage running domains that have no vmtier metadata, with `default_budget`
+    /// (a domain whose metadata says `enabled="no"` is still left alone). Default false.
+    pub manage_all: bool,
+    /// DRAM budget of domains managed because of `manage_all`. Default 1G.
+    pub default_budget: ByteSize,
+    /// Re-list every running domain every this many ticks even without an event (events
+    /// make it happen at once). 0 = on events only. Default 10.
+    pub rescan_ticks: u64,
+    /// Where libvirt writes QEMU's pid files (`NAME.pid`). Default `/run/libvirt/qemu`.
+    pub pid_dir: PathBuf,
+}
+
+impl Default for LibvirtConfig {
+    fn default() -> Self {
+        Self {
+            uri: "qemu:///system".into(),
+            manage_all: false,
+            default_budget: ByteSize(1 << 30),
+            rescan_ticks: 10,
+            pid_dir: PathBuf::from("/run/libvirt/qemu"),
+        }
+    }
+}
+
+impl LibvirtConfig {
+    /// Checks the bounds.
+    pub fn validate(&self) -> Result<(), Error> {
+        if self.uri.is_empty() || self.uri.chars().any(char::is_control) {
+            return Err(Error::Invalid(format!(
+                "libvirt.uri {:?} is not a URI",
+                self.uri
+            )));
+        }
+        if self.default_budget.0 > MAX_BUDGET {
+            return Err(Error::Invalid(format!(
+                "libvirt.default_budget {} is above the largest, {}",
+                self.default_budget,
+                ByteSize(MAX_BUDGET)
+            )));
+        }
+        if !RESCAN_TICKS.contains(&self.rescan_ticks) {
+            return Err(Error::Invalid(format!(
+                "libvirt.rescan_ticks {} is out of range: {} to {}",
+                self.rescan_ticks,
+                RESCAN_TICKS.start(),
+                RESCAN_TICKS.end()
+            )));
+        }
+        Ok(())
+    }
 }
 
 /// `[daemon]`.
@@ -314,6 +379,9 @@ impl Config {
         if let Some(w) = names.windows(2).find(|w| w[0] == w[1]) {
             return Err(Error::Invalid(format!("VM {} is configured twice", w[0])));
         }
+        if let Some(l) = &self.libvirt {
+            l.validate()?;
+        }
         self.vms.iter().try_for_each(VmConfig::validate)
     }
 }
@@ -563,5 +631,36 @@ mod tests {
             ),
             (1000, 0, 1, 256, 2 << 20, 10)
         );
+    }
+
+    #[test]
+    fn libvirt_table_has_defaults_and_bounds() {
+        let cases: [(&str, Result<Option<LibvirtConfig>, &str>); 6] = [
+            ("", Ok(None)),
+            ("[libvirt]", Ok(Some(LibvirtConfig::default()))),
+            (
+                "[libvirt]\nuri = \"qemu:///session\"\nmanage_all = true\ndefault_budget = \"64M\"\nrescan_ticks = 0",
+                Ok(Some(LibvirtConfig {
+                    uri: "qemu:///session".into(),
+                    manage_all: true,
+                    default_budget: ByteSize(64 << 20),
+                    rescan_ticks: 0,
+                    ..LibvirtConfig::default()
+                })),
+            ),
+            ("[libvirt]\nuri = \"\"", Err("Invalid config: libvirt.uri \"\" is not a URI")),
+            (
+                "[libvirt]\nrescan_ticks = 1000001",
+                Err("Invalid config: libvirt.rescan_ticks 1000001 is out of range"),
+            ),
+            ("[libvirt]\nmanage = true", Err("Invalid config: line 2, column 1: unknown field")),
+        ];
+        for (text, want) in cases {
+            match (Config::parse(text), want) {
+                (Ok(c), Ok(w)) => assert_eq!(c.libvirt, w, "{text}"),
+                (Err(e), Err(w)) => assert!(e.to_string().starts_with(w), "{text}: {e}"),
+                (got, _) => panic!("{text}: {got:?}"),
+            }
+        }
     }
 }

@@ -84,6 +84,9 @@ pub enum Error {
     /// Where the VM's pages are could not be read.
     #[error("Cannot locate the pages of {0}")]
     Locate(VmId, #[source] MigrateError),
+    /// A libvirt hook notification, but vmtierd does not follow libvirt.
+    #[error("vmtierd does not follow libvirt (no [libvirt] in its config, no --connect)")]
+    NoLibvirt,
 }
 
 /// Why a VM stopped being managed during a tick.
@@ -170,6 +173,8 @@ enum Component {
     Module,
     /// The backend (memory layout).
     Layout,
+    /// Settings from outside the config file (a libvirt domain's metadata) that were refused.
+    Metadata,
 }
 
 impl Component {
@@ -179,6 +184,7 @@ impl Component {
             Component::Migrator => "migrator",
             Component::Module => "kernel module",
             Component::Layout => "layout",
+            Component::Metadata => "metadata",
         }
     }
 }
@@ -272,6 +278,12 @@ struct Vm {
     retries: BTreeMap<Granule, Retry>,
     /// When a tick longer than the interval was last logged.
     slow_tick_logged: Option<Instant>,
+    /// This VM's own migration rate limit, bytes per second (below its share of the
+    /// daemon's); `None` = its share only.
+    rate_limit: Option<u64>,
+    /// Re-read the layout at the next tick (memory hotplug reported), whatever
+    /// `refresh_ticks` says.
+    recheck_due: bool,
 }
 
 impl Vm {
@@ -384,6 +396,8 @@ impl Engine {
             reports: Vec::new(),
             retries: BTreeMap::new(),
             slow_tick_logged: None,
+            rate_limit: None,
+            recheck_due: false,
         };
         self.migrator.add_layout(&vm.layout);
         if let Err(e) = refresh_placement(&self.cfg, self.locator.as_mut(), &mut vm) {
@@ -423,6 +437,58 @@ impl Engine {
         Ok(format!("Budget of {name} set to {budget}"))
     }
 
+    /// Sets (or with `None` clears) a VM's own migration rate limit in bytes per second;
+    /// the VM moves at most the smaller of it and its share of the daemon's limit.
+    pub fn set_rate_limit(&mut self, name: &VmId, rate: Option<u64>) -> Result<String, Error> {
+        let vm = self
+            .vms
+            .get_mut(name)
+            .ok_or_else(|| Error::NoSuchVm(name.clone()))?;
+        vm.rate_limit = rate;
+        let what = rate.map_or_else(
+            || "its share of the daemon's".into(),
+            |r| format!("{}/s", ByteSize(r)),
+        );
+        info!("{name}: rate limit {what}");
+        Ok(format!("Rate limit of {name} set to {what}"))
+    }
+
+    /// Records (`Some`) or clears (`None`) a problem with settings given from outside the
+    /// config file, such as a libvirt domain's metadata: the VM shows `degraded: metadata:
+    /// WHY` in list and status (its old settings stay in force); the log line is
+    /// rate-limited like the VM's other problems.
+    pub fn set_metadata_problem(
+        &mut self,
+        name: &VmId,
+        problem: Option<String>,
+    ) -> Result<(), Error> {
+        let vm = self
+            .vms
+            .get_mut(name)
+            .ok_or_else(|| Error::NoSuchVm(name.clone()))?;
+        match problem {
+            Some(why) => vm.problems.set(name.as_str(), Component::Metadata, why),
+            None => vm.problems.clear(name.as_str(), Component::Metadata),
+        }
+        Ok(())
+    }
+
+    /// Has the next tick re-read a VM's layout and placement (a device was added or removed:
+    /// memory hotplug), instead of waiting for `refresh_ticks`.
+    pub fn recheck_layout_soon(&mut self, name: &VmId) -> Result<(), Error> {
+        let vm = self
+            .vms
+            .get_mut(name)
+            .ok_or_else(|| Error::NoSuchVm(name.clone()))?;
+        vm.recheck_due = true;
+        Ok(())
+    }
+
+    /// Whether a VM is still managed (attached and not failed); `None` if unknown.
+    pub fn is_active(&self, name: &VmId) -> Option<bool> {
+        self.vms.get(name).map(|v| v.failed.is_none())
+    }
+
     /// Names of the managed VMs.
     pub fn vm_names(&self) -> Vec<VmId> {
         self.vms.keys().cloned().collect()
@@ -451,12 +517,21 @@ impl Engine {
                 continue;
             }
             let t = Instant::now();
+            // A VM's own rate limit, in granules per tick (at least one).
+            #[allow(
+                clippy::cast_possible_truncation,
+                clippy::cast_sign_loss,
+                clippy::cast_precision_loss
+            )]
+            let own = vm.rate_limit.map_or(max_moves, |r| {
+                (((r as f64 * tick_s) as u64) / self.cfg.granule.bytes()).max(1)
+            });
             if let Err(lost) = tick_vm(
                 &self.cfg,
                 self.migrator.as_mut(),
                 self.locator.as_mut(),
                 vm,
-                max_moves,
+                max_moves.min(own),
                 t + share,
             ) {
                 let why = err_chain(&lost);
@@ -522,6 +597,7 @@ impl Engine {
                 .set_budget(&vm, budget)
                 .map(|message| Reply::Done { message }),
             Request::Detach { vm } => self.detach(&vm).map(|message| Reply::Done { message }),
+            Request::LibvirtHook { .. } => Err(Error::NoLibvirt),
             Request::Attach { vm } => match vm
                 .validate()
                 .map_err(|e| e.to_string())
@@ -750,7 +826,8 @@ fn tick_vm(
     vm.metrics.deferred_granules += (e.promote.len() - n) as u64;
     move_granules(cfg, migrator, vm, &e.promote[..n], Tier::Fast, deadline)?;
 
-    if cfg.refresh_ticks > 0 && vm.tick % cfg.refresh_ticks == 0 {
+    if vm.recheck_due || (cfg.refresh_ticks > 0 && vm.tick % cfg.refresh_ticks == 0) {
+        vm.recheck_due = false;
         recheck_layout(cfg, migrator, vm)?;
         match refresh_placement(cfg, locator, vm) {
             Ok(()) => {}
@@ -1479,6 +1556,53 @@ mod tests {
         }
         assert_eq!(e.status(&vm).unwrap().summary.total_bytes, 2 * len);
         assert_eq!(state(&e), "active");
+    }
+
+    #[test]
+    fn hotplug_recheck_rate_limit_and_metadata_problems() {
+        let len = 64 * MIB;
+        let w = world(len);
+        let hot = Arc::new(Mutex::new((0, 32 * MIB)));
+        let layout: SharedLayout = Arc::new(Mutex::new(Some(one_range(7, len))));
+        let mut e = engine(&w, 100_000);
+        let vm: VmId = "g".parse().unwrap();
+        e.attach(
+            vm.clone(),
+            ByteSize(64 * MIB),
+            parts_with(&w, 7, len, &hot, layout.clone()),
+        )
+        .unwrap();
+        // Its own rate limit: 4 MiB/s with 1 s ticks = two 2 MiB granules per tick.
+        e.set_rate_limit(&vm, Some(4 * MIB)).unwrap();
+        e.tick();
+        e.tick();
+        assert!(hot_in_dram(&w, 0, 32 * MIB) <= 8 * MIB, "rate limited");
+        e.set_rate_limit(&vm, None).unwrap();
+        for _ in 0..3 {
+            e.tick();
+        }
+        assert_eq!(hot_in_dram(&w, 0, 32 * MIB), 32 * MIB);
+        // Hotplug reported: the next tick re-reads the layout (refresh_ticks is 5).
+        add_process(&w, 7, 2 * len);
+        *layout.lock().unwrap() = Some(one_range(7, 2 * len));
+        let t = e.status(&vm).unwrap().metrics.ticks;
+        assert_ne!((t + 1) % 5, 0, "the next tick is not a refresh tick");
+        e.recheck_layout_soon(&vm).unwrap();
+        e.tick();
+        assert_eq!(e.status(&vm).unwrap().summary.total_bytes, 2 * len);
+        // Refused settings show, name the reason, and clear.
+        e.set_metadata_problem(&vm, Some("Attribute budget=\"4X\": not a size".into()))
+            .unwrap();
+        let state = |e: &Engine| e.status(&vm).unwrap().summary.state;
+        assert_eq!(
+            state(&e),
+            "degraded: metadata: Attribute budget=\"4X\": not a size"
+        );
+        e.set_metadata_problem(&vm, None).unwrap();
+        assert_eq!(state(&e), "active");
+        let nobody: VmId = "nobody".parse().unwrap();
+        assert!(e.recheck_layout_soon(&nobody).is_err());
+        assert!(e.set_rate_limit(&nobody, None).is_err());
     }
 
     #[test]

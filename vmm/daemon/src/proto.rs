@@ -87,6 +87,14 @@ pub enum Request {
         /// The VM.
         vm: VmId,
     },
+    /// From the libvirt hook: a domain is being prepared, started or released; vmtierd
+    /// looks at libvirt's domains again at once (with `[libvirt]`; refused without).
+    LibvirtHook {
+        /// The domain's name, as libvirt passes it to the hook.
+        domain: String,
+        /// The hook's operation (`prepare`, `start`, `started`, `stopped`, `release`...).
+        op: String,
+    },
 }
 
 /// A response: `{"ok": Reply}` or `{"error": "message"}`.

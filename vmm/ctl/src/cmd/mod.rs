@@ -1,8 +1,13 @@
 //! One module per subcommand.
 
 pub mod attach;
+pub mod completions;
 pub mod detach;
+pub mod dom_stats;
+pub mod dom_tier;
+pub mod libvirt_hook;
 pub mod list;
+pub mod nodes;
 pub mod set_budget;
 pub mod status;
 

@@ -30,6 +30,10 @@ struct Args {
     /// Check the configuration and exit.
     #[arg(long)]
     check: bool,
+    /// Follow the domains of this libvirt URI (as `[libvirt] uri`; turns libvirt on).
+    #[cfg(feature = "libvirt")]
+    #[arg(long, value_name = "URI")]
+    connect: Option<String>,
 }
 
 static STOP: AtomicBool = AtomicBool::new(false);
@@ -72,6 +76,10 @@ fn main() -> ExitCode {
     };
     if let Some(s) = args.socket {
         cfg.daemon.socket = s;
+    }
+    #[cfg(feature = "libvirt")]
+    if let Some(uri) = args.connect {
+        cfg.libvirt.get_or_insert_with(Default::default).uri = uri;
     }
     if args.check {
         println!("{}: ok ({} VMs)", args.config.display(), cfg.vms.len());
@@ -147,13 +155,31 @@ fn main() -> ExitCode {
         cfg.daemon.interval_ms
     );
 
+    #[cfg(feature = "libvirt")]
+    let mut follower = cfg
+        .libvirt
+        .clone()
+        .map(vmtier_daemon::libvirt::Follower::new);
+    #[cfg(not(feature = "libvirt"))]
+    if cfg.libvirt.is_some() {
+        error!("[libvirt] is set, but this vmtierd was built without the libvirt feature");
+        return ExitCode::from(2);
+    }
     let interval = Duration::from_millis(cfg.daemon.interval_ms);
     let mut next = after(Instant::now(), interval);
     let mut build = |vm: &vmtier_daemon::config::VmConfig| parts::build(&cfg, vm);
     while !STOP.load(Ordering::Relaxed) {
+        #[cfg(feature = "libvirt")]
+        if let Some(f) = follower.as_mut() {
+            f.poll(&mut engine, &cfg);
+        }
         let now = Instant::now();
         if now >= next {
             engine.tick();
+            #[cfg(feature = "libvirt")]
+            if let Some(f) = follower.as_mut() {
+                f.tick();
+            }
             next = after(next, interval);
             if next < now {
                 next = after(now, interval);
@@ -163,6 +189,23 @@ fn main() -> ExitCode {
         let wait = (next - now).min(Duration::from_millis(200));
         match rx.recv_timeout(wait) {
             Ok((req, reply)) => {
+                // Changes libvirt reported while we waited are in force before any answer.
+                #[cfg(feature = "libvirt")]
+                if let Some(f) = follower.as_mut() {
+                    f.poll(&mut engine, &cfg);
+                }
+                #[cfg(feature = "libvirt")]
+                if let (Some(f), vmtier_daemon::proto::Request::LibvirtHook { domain, op }) =
+                    (follower.as_mut(), &req)
+                {
+                    f.notify(&format!("hook: domain {domain:?} {op:?}"));
+                    let _ = reply.send(vmtier_daemon::proto::Response::Ok(
+                        vmtier_daemon::proto::Reply::Done {
+                            message: format!("Noted: domain {domain} {op}"),
+                        },
+                    ));
+                    continue;
+                }
                 let _ = reply.send(engine.handle(req, &mut build));
             }
             Err(RecvTimeoutError::Timeout) => {}

@@ -1,0 +1,659 @@
+//! vmtierd following a real libvirtd inside the tiered host: libvirt is started without
+//! systemd (tests/testbed/libvirt-up: state on tmpfs), TCG domains boot the workload guest
+//! with their RAM bound to the CXL node (`numatune strict nodeset=1`), and vmtierd finds them
+//! through `[libvirt]` alone. Judged from outside: where every guest page is comes from
+//! move_pages(2) queries of the QEMU process, as in the `daemon` check.
+//!
+//! 1. a domain with vmtier metadata, running before vmtierd starts, is found and managed:
+//!    its hot set reaches DRAM, DRAM use stays under the metadata's budget;
+//! 2. `virsh metadata --live` lowers the budget; DRAM follows within a few ticks;
+//! 3. bad metadata is refused: status names the attribute, the old budget stays in force;
+//! 4. a domain started later is attached automatically, one destroyed is detached;
+//! 5. the guest verifies all of its memory: 0 corrupted words.
+
+use std::io::{BufRead, BufReader, Write as _};
+use std::os::unix::net::UnixStream;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::mpsc::{self, Receiver};
+use std::time::{Duration, Instant};
+
+use vmtier_core::{ByteSize, NodeId};
+use vmtier_daemon::proto::{Reply, Response};
+use vmtier_libvirt::backend::{LibvirtBackend, SYSTEM_PID_DIR};
+use vmtier_libvirt::conn::Libvirt;
+use vmtier_libvirt::metadata::NAMESPACE;
+
+use crate::check::Checks;
+use crate::daemon::Daemon;
+use crate::guest::{num, GuestPages, TlbChurn};
+
+const URI: &str = "qemu:///system";
+/// Slack on DRAM use against the budget: one 2 MiB granule in flight.
+const SLACK: u64 = 2 << 20;
+
+#[derive(clap::Args, Debug)]
+pub struct LibvirtArgs {
+    /// The workload guest kernel (multiboot ELF).
+    #[arg(long)]
+    elf: PathBuf,
+    /// RAM of the first domain.
+    #[arg(long, default_value = "128M")]
+    ram: ByteSize,
+    /// Its hot set.
+    #[arg(long, default_value = "16M")]
+    hot: ByteSize,
+    /// Budget in its metadata at start.
+    #[arg(long, default_value = "48M")]
+    budget: ByteSize,
+    /// Budget set with `virsh metadata --live` after promotion.
+    #[arg(long, default_value = "8M")]
+    lower_budget: ByteSize,
+    /// Ticks allowed for 90% of the hot set to reach DRAM.
+    #[arg(long, default_value_t = 30)]
+    ticks: u64,
+    /// Ticks allowed for DRAM to follow a budget change.
+    #[arg(long, default_value_t = 10)]
+    budget_ticks: u64,
+    /// Tick length.
+    #[arg(long, default_value_t = 1000)]
+    interval_ms: u64,
+    /// The script that starts libvirt inside the testbed (default: the repo's).
+    #[arg(long)]
+    libvirt_up: Option<PathBuf>,
+}
+
+/// `virsh -c URI ARGS`: (success, stdout + stderr).
+fn virsh(args: &[&str]) -> (bool, String) {
+    match Command::new("virsh").arg("-c").arg(URI).args(args).output() {
+        Ok(o) => (
+            o.status.success(),
+            format!(
+                "{}{}",
+                String::from_utf8_lossy(&o.stdout),
+                String::from_utf8_lossy(&o.stderr)
+            )
+            .trim()
+            .to_owned(),
+        ),
+        Err(e) => (false, e.to_string()),
+    }
+}
+
+/// A domain's XML: direct kernel boot of the workload guest, RAM strictly on node 1, the
+/// serial console on a unix socket (read and written by the check), isa-debug-exit.
+fn domain_xml(name: &str, dir: &Path, ram: ByteSize, append: &str, budget: ByteSize) -> String {
+    format!(
+        "<domain type='qemu' xmlns:qemu='http://libvirt.org/schemas/domain/qemu/1.0'>
+  <name>{name}</name>
+  <memory unit='KiB'>{kib}</memory>
+  <vcpu>1</vcpu>
+  <os><type arch='x86_64' machine='pc'>hvm</type>
+    <kernel>{elf}</kernel><cmdline>{append}</cmdline></os>
+  <features><acpi/></features>
+  <numatune><memory mode='strict' nodeset='1'/></numatune>
+  <devices>
+    <serial type='unix'><source mode='bind' path='{sock}'/><target port='0'/></serial>
+    <memballoon model='none'/>
+  </devices>
+  <metadata><vmtier:tiering xmlns:vmtier='{NAMESPACE}' budget='{budget}'/></metadata>
+  <qemu:commandline><qemu:arg value='-device'/><qemu:arg value='isa-debug-exit,iobase=0xf4,iosize=4'/></qemu:commandline>
+</domain>
+",
+        kib = ram.0 >> 10,
+        elf = dir.join("workload.elf").display(),
+        sock = dir.join(format!("{name}.sock")).display(),
+        budget = vmtier_libvirt::metadata::size_text(budget.0),
+    )
+}
+
+/// A domain's serial console: lines in, `q` out.
+struct Console {
+    stream: UnixStream,
+    lines: Receiver<String>,
+    seen: Vec<String>,
+}
+
+impl Console {
+    fn open(path: &Path) -> std::io::Result<Self> {
+        let t = Instant::now();
+        let stream = loop {
+            match UnixStream::connect(path) {
+                Ok(s) => break s,
+                Err(e) if t.elapsed() > Duration::from_secs(20) => return Err(e),
+                Err(_) => std::thread::sleep(Duration::from_millis(50)),
+            }
+        };
+        let r = stream.try_clone()?;
+        let (tx, lines) = mpsc::channel();
+        std::thread::spawn(move || {
+            for l in BufReader::new(r).lines().map_while(Result::ok) {
+                if tx.send(l.trim_end().to_owned()).is_err() {
+                    break;
+                }
+            }
+        });
+        Ok(Self {
+            stream,
+            lines,
+            seen: Vec::new(),
+        })
+    }
+
+    fn poll(&mut self) {
+        while let Ok(l) = self.lines.try_recv() {
+            if l.starts_with("WG ") {
+                self.seen.push(l);
+            }
+        }
+    }
+
+    fn wait_for(&mut self, prefix: &str, timeout: Duration) -> Option<String> {
+        let t = Instant::now();
+        loop {
+            self.poll();
+            if let Some(l) = self.seen.iter().find(|l| l.starts_with(prefix)) {
+                return Some(l.clone());
+            }
+            if t.elapsed() > timeout {
+                return None;
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+
+    fn request_stop(&mut self) {
+        let _ = self.stream.write_all(b"q\n");
+    }
+}
+
+/// Names in `vmtierctl --json list`.
+fn listed(d: &Daemon) -> Vec<String> {
+    let (_, out) = d.ctl(&["--json", "list"]);
+    match out
+        .lines()
+        .next()
+        .and_then(|l| serde_json::from_str::<Response>(l).ok())
+    {
+        Some(Response::Ok(Reply::List { vms })) => {
+            vms.into_iter().map(|v| v.name.to_string()).collect()
+        }
+        _ => Vec::new(),
+    }
+}
+
+/// Polls until `f` holds or `timeout` passes; the time it took.
+fn until(timeout: Duration, f: &mut dyn FnMut() -> bool) -> Option<Duration> {
+    let t = Instant::now();
+    loop {
+        if f() {
+            return Some(t.elapsed());
+        }
+        if t.elapsed() > timeout {
+            return None;
+        }
+        std::thread::sleep(Duration::from_millis(250));
+    }
+}
+
+struct Placement {
+    dram: u64,
+    hot_dram: u64,
+}
+
+fn place(pages: &GuestPages, hot: (u64, u64)) -> Placement {
+    match pages.sample() {
+        Ok(p) => Placement {
+            dram: p.bytes_on(NodeId::new(0)),
+            hot_dram: p.gpa_bytes_on(NodeId::new(0), hot.0, hot.1),
+        },
+        Err(_) => Placement {
+            dram: u64::MAX,
+            hot_dram: 0,
+        },
+    }
+}
+
+#[allow(clippy::cast_precision_loss)]
+fn pct(a: u64, b: u64) -> f64 {
+    100.0 * a as f64 / b.max(1) as f64
+}
+
+pub fn run(c: &mut Checks, a: &LibvirtArgs) {
+    // 1. libvirt, started the way an operator without systemd would.
+    let up = a.libvirt_up.clone().unwrap_or_else(|| {
+        PathBuf::from(std::env::var("VMTIER_REPO").unwrap_or_else(|_| ".".into()))
+            .join("tests/testbed/libvirt-up")
+    });
+    // vmtierd's socket, known now so that the libvirt hook can be installed with it.
+    let socket = std::env::temp_dir().join(format!("vmtierd-lv-{}.sock", std::process::id()));
+    let ctl = std::env::current_exe()
+        .ok()
+        .and_then(|p| p.parent().map(|d| d.join("vmtierctl")))
+        .unwrap_or_default();
+    let t = Instant::now();
+    let out = Command::new(&up)
+        .env("VMTIER_HOOK_VMTIERCTL", &ctl)
+        .env("VMTIER_HOOK_SOCKET", &socket)
+        .output();
+    let ok = out.as_ref().is_ok_and(|o| o.status.success());
+    let text = out.map_or_else(
+        |e| e.to_string(),
+        |o| {
+            format!(
+                "{}{}",
+                String::from_utf8_lossy(&o.stdout),
+                String::from_utf8_lossy(&o.stderr)
+            )
+        },
+    );
+    if !c.check(
+        ok,
+        "libvirtd runs in the tiered host without systemd",
+        format!("{} ({:.1} s)", text.trim(), t.elapsed().as_secs_f64()),
+    ) {
+        return;
+    }
+    // The guest image where QEMU (user libvirt-qemu) can read it and libvirt can label it.
+    let dir = PathBuf::from("/tmp/vmtier-libvirt");
+    let setup = std::fs::create_dir_all(&dir)
+        .and_then(|()| std::fs::copy(&a.elf, dir.join("workload.elf")).map(|_| ()))
+        .and_then(|()| {
+            use std::os::unix::fs::PermissionsExt;
+            std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o755))?;
+            std::fs::set_permissions(
+                dir.join("workload.elf"),
+                std::fs::Permissions::from_mode(0o644),
+            )
+        });
+    if let Err(e) = setup {
+        return c.fatal("copy the guest image", e);
+    }
+    let _churn = TlbChurn::start();
+
+    // 2. The first domain runs before vmtierd starts.
+    let append1 = format!("hot={}K report=2", a.hot.0 >> 10);
+    let xml1 = dir.join("wl1.xml");
+    let _ = std::fs::write(&xml1, domain_xml("wl1", &dir, a.ram, &append1, a.budget));
+    let t = Instant::now();
+    let (ok, out) = virsh(&["create", &xml1.to_string_lossy()]);
+    if !c.check(
+        ok,
+        "domain wl1 starts (TCG, RAM strict on node 1, vmtier metadata)",
+        format!(
+            "{out} ({:.1} s, first start includes libvirt's capability probe)",
+            t.elapsed().as_secs_f64()
+        ),
+    ) {
+        return;
+    }
+    // libvirt's capability probe, kept for the next run (tests/testbed/libvirt-up).
+    if let Ok(t) = std::env::var("VMTIER_TARGET") {
+        let keep = PathBuf::from(t).join("testbed/libvirt-caps");
+        let _ = std::fs::create_dir_all(&keep);
+        if let Ok(rd) = std::fs::read_dir("/var/cache/libvirt/qemu/capabilities") {
+            for e in rd.filter_map(Result::ok) {
+                let _ = std::fs::copy(e.path(), keep.join(e.file_name()));
+            }
+        }
+    }
+    let mut con1 = match Console::open(&dir.join("wl1.sock")) {
+        Ok(c1) => c1,
+        Err(e) => return c.fatal("open wl1's console", e),
+    };
+    let Some(start) = con1.wait_for("WG progress", Duration::from_secs(120)) else {
+        return c.fatal("wl1's guest runs", "no 'WG progress' line within 120 s");
+    };
+    let hot = (num(&start, "hot_start").unwrap_or(0x40_0000), a.hot.0);
+
+    // Our own look at the layout, to judge from outside.
+    let lv = match Libvirt::open(URI) {
+        Ok(l) => l,
+        Err(e) => return c.fatal("connect to libvirt", e),
+    };
+    let layout = lv
+        .running()
+        .ok()
+        .and_then(|ds| ds.into_iter().find(|d| d.name == "wl1"))
+        .ok_or_else(|| "wl1 is not running".to_owned())
+        .and_then(|d| {
+            LibvirtBackend::new(lv.connect(), &d.name, &d.uuid, Path::new(SYSTEM_PID_DIR))
+                .and_then(|mut b| b.discover())
+                .map_err(|e| vmtier_core::error_chain(&e))
+        });
+    let layout = match layout {
+        Ok(l) => l,
+        Err(e) => return c.fatal("locate wl1's RAM through libvirt's monitor API", e),
+    };
+    let pages = GuestPages::new(&layout);
+    let p0 = place(&pages, hot);
+    let total = layout.total_bytes();
+    c.check(
+        p0.dram <= total / 20,
+        "wl1's RAM starts on the CXL node",
+        format!(
+            "{} of {} in DRAM ({} ranges, qemu pid {}, its {})",
+            ByteSize(p0.dram),
+            ByteSize(total),
+            layout.ranges.len(),
+            layout.pid,
+            std::fs::read_to_string(format!("/proc/{}/status", layout.pid))
+                .unwrap_or_default()
+                .lines()
+                .find(|l| l.starts_with("Mems_allowed_list"))
+                .unwrap_or("Mems_allowed_list: ?")
+                .split_whitespace()
+                .collect::<Vec<_>>()
+                .join(" ")
+        ),
+    );
+
+    // 3. vmtierd with [libvirt] only: no [[vm]].
+    let run_dir = std::env::var("VMTIER_RUN")
+        .map_or_else(|_| std::env::temp_dir(), PathBuf::from)
+        .join("libvirt");
+    let _ = std::fs::create_dir_all(&run_dir);
+    let config = format!(
+        "[daemon]\nsocket = \"{}\"\ninterval_ms = {}\nrate_limit_mbps = 2000\n\n[libvirt]\nuri = \"{URI}\"\nrescan_ticks = 5\n",
+        socket.display(),
+        a.interval_ms
+    );
+    let d = match Daemon::start(&run_dir, &socket, &config) {
+        Ok(d) => d,
+        Err(e) => return c.fatal("start vmtierd", e),
+    };
+    let state = d.wait_state("wl1", "active", Duration::from_secs(60));
+    let st = d.status("wl1");
+    if !c.check(
+        state == "active"
+            && st
+                .as_ref()
+                .is_some_and(|s| s.backend.contains("libvirt domain wl1")),
+        "vmtierd finds wl1 through libvirt and manages it",
+        format!(
+            "state {state:?}, backend {:?}, budget {}",
+            st.as_ref().map(|s| s.backend.clone()).unwrap_or_default(),
+            ByteSize(st.as_ref().map_or(0, |s| s.summary.budget_bytes))
+        ),
+    ) {
+        println!("{}", d.log_text());
+        return;
+    }
+    c.check(
+        st.as_ref()
+            .is_some_and(|s| s.summary.budget_bytes == a.budget.0),
+        "the budget comes from the domain's metadata",
+        ByteSize(st.as_ref().map_or(0, |s| s.summary.budget_bytes)),
+    );
+
+    // 4. Promotion under the budget.
+    let tick = Duration::from_millis(a.interval_ms);
+    let ticks = |d: &Daemon| d.status("wl1").map_or(0, |s| s.metrics.ticks);
+    let mut max_dram = 0;
+    let mut reached = None;
+    for _ in 0..a.ticks + 5 {
+        let t = Instant::now();
+        let p = place(&pages, hot);
+        let tk = ticks(&d);
+        max_dram = max_dram.max(p.dram);
+        println!(
+            "  [promote ] tick {tk:>3}  DRAM {:>10}  hot set in DRAM {:>5.1}%",
+            ByteSize(p.dram).to_string(),
+            pct(p.hot_dram, hot.1)
+        );
+        if p.hot_dram * 10 >= hot.1 * 9 {
+            reached = Some(tk);
+            break;
+        }
+        std::thread::sleep(tick.saturating_sub(t.elapsed()));
+    }
+    c.check(
+        reached.is_some_and(|t| t <= a.ticks),
+        "wl1's hot set reaches DRAM (90%)",
+        format!("after {reached:?} ticks (limit {})", a.ticks),
+    );
+    c.check(
+        max_dram <= a.budget.0 + SLACK,
+        "wl1's DRAM use stays under its metadata budget",
+        format!("max {} for a budget of {}", ByteSize(max_dram), a.budget),
+    );
+
+    // 5. virsh metadata --live lowers the budget.
+    let set = |budget: &str| {
+        virsh(&[
+            "metadata",
+            "wl1",
+            "--live",
+            "--uri",
+            NAMESPACE,
+            "--key",
+            "vmtier",
+            "--set",
+            &format!("<tiering budget=\"{budget}\"/>"),
+        ])
+    };
+    let low = vmtier_libvirt::metadata::size_text(a.lower_budget.0);
+    let w0 = Instant::now();
+    let (ok, out) = set(&low);
+    let virsh_s = w0.elapsed().as_secs_f64();
+    c.check(ok, "virsh metadata --live sets a lower budget", &out);
+    // Ticks are counted from the first status read after virsh returned (libvirt has sent
+    // its event by then); the budget must be in force by the next tick.
+    let first = d.status("wl1");
+    let t0 = first.as_ref().map_or(0, |s| s.metrics.ticks);
+    let mut seen_budget_at = first
+        .as_ref()
+        .filter(|s| s.summary.budget_bytes == a.lower_budget.0)
+        .map(|_| (0, w0.elapsed()));
+    if seen_budget_at.is_none() {
+        let _ = until(Duration::from_secs(30), &mut || {
+            let st = d.status("wl1");
+            if st
+                .as_ref()
+                .is_some_and(|s| s.summary.budget_bytes == a.lower_budget.0)
+            {
+                seen_budget_at = st.map(|s| (s.metrics.ticks.saturating_sub(t0), w0.elapsed()));
+                true
+            } else {
+                false
+            }
+        });
+    }
+    c.check(
+        seen_budget_at.is_some_and(|(t, _)| t <= 1),
+        "the new budget is in force within one tick",
+        format!(
+            "{} ticks after virsh metadata returned ({:.1} s after it started; virsh took \
+             {virsh_s:.1} s; ticks are {} ms)",
+            seen_budget_at.map_or(-1, |(t, _)| i64::try_from(t).unwrap_or(-1)),
+            seen_budget_at.map_or(-1.0, |(_, w)| w.as_secs_f64()),
+            a.interval_ms
+        ),
+    );
+    let mut followed_at = None;
+    for _ in 0..a.budget_ticks * 2 {
+        let t = Instant::now();
+        let p = place(&pages, hot);
+        let tk = ticks(&d);
+        println!(
+            "  [budget  ] tick {tk:>3}  DRAM {:>10}",
+            ByteSize(p.dram).to_string()
+        );
+        if p.dram <= a.lower_budget.0 + SLACK {
+            followed_at = Some(tk.saturating_sub(t0));
+            break;
+        }
+        std::thread::sleep(tick.saturating_sub(t.elapsed()));
+    }
+    c.check(
+        followed_at.is_some_and(|t| t <= a.budget_ticks),
+        "DRAM follows the lowered budget",
+        format!(
+            "{followed_at:?} ticks after the change (limit {})",
+            a.budget_ticks
+        ),
+    );
+
+    // 6. Bad metadata is refused and the budget in force is kept.
+    let (ok, out) = set("4X");
+    c.check(
+        ok,
+        "virsh accepts the element (libvirt does not check vmtier's values)",
+        &out,
+    );
+    let mut state = String::new();
+    let refused = until(Duration::from_secs(10), &mut || {
+        state = d.status("wl1").map(|s| s.summary.state).unwrap_or_default();
+        state.contains("metadata")
+    });
+    let st = d.status("wl1");
+    c.check(
+        refused.is_some() && state.contains("budget=\"4X\""),
+        "bad metadata is refused and the error names the attribute",
+        &state,
+    );
+    c.check(
+        st.is_some_and(|s| s.summary.budget_bytes == a.lower_budget.0),
+        "the budget in force is kept",
+        format!("budget still {}", a.lower_budget),
+    );
+    std::thread::sleep(tick * 2);
+    let p = place(&pages, hot);
+    c.check(
+        p.dram <= a.lower_budget.0 + SLACK,
+        "DRAM stays under the kept budget",
+        ByteSize(p.dram),
+    );
+    // vmtierctl writes valid metadata through libvirt: virsh sees what vmtierctl wrote.
+    let (ok, out) = d.ctl(&["-c", URI, "dom-tier", "wl1", "--budget", &low, "--live"]);
+    c.check(ok, "vmtierctl dom-tier replaces the bad metadata", &out);
+    let (_, shown) = virsh(&["metadata", "wl1", "--live", "--uri", NAMESPACE]);
+    c.check(
+        vmtier_libvirt::metadata::Tiering::parse(&shown)
+            .is_ok_and(|t| t.budget == a.lower_budget && t.enabled),
+        "virsh and vmtierctl agree on the metadata",
+        format!("virsh metadata: {shown}"),
+    );
+    let back = until(Duration::from_secs(30), &mut || {
+        d.status("wl1").is_some_and(|s| s.summary.state == "active")
+    });
+    c.check(
+        back.is_some(),
+        "valid metadata clears the problem",
+        format!("{:.1} s", back.map_or(-1.0, |t| t.as_secs_f64())),
+    );
+    let (ok, out) = d.ctl(&["-c", URI, "dom-stats", "wl1"]);
+    c.check(
+        ok && out.contains("metadata: <tiering") && out.contains("libvirt domain wl1"),
+        "vmtierctl dom-stats shows the metadata and vmtierd's status",
+        out.lines().take(3).collect::<Vec<_>>().join(" | "),
+    );
+    let (ok, out) = d.ctl(&["nodes"]);
+    c.check(
+        ok && out.lines().count() == 2 && out.contains("node 1") && out.contains("no CPUs"),
+        "vmtierctl nodes shows DRAM and the CPU-less CXL node",
+        out.trim().replace('\n', " | "),
+    );
+
+    // 7. A domain started later is attached; destroyed, it is detached.
+    let xml2 = dir.join("wl2.xml");
+    let _ = std::fs::write(
+        &xml2,
+        domain_xml(
+            "wl2",
+            &dir,
+            ByteSize(32 << 20),
+            "hot=4M report=5",
+            ByteSize(8 << 20),
+        ),
+    );
+    let (ok, out) = virsh(&["create", &xml2.to_string_lossy()]);
+    c.check(ok, "domain wl2 starts while vmtierd runs", &out);
+    let attached = until(Duration::from_secs(60), &mut || {
+        d.status("wl2").is_some_and(|s| s.summary.state == "active")
+    });
+    c.check(
+        attached.is_some(),
+        "wl2 is attached automatically",
+        format!(
+            "{:.1} s after virsh create returned",
+            attached.map_or(-1.0, |t| t.as_secs_f64())
+        ),
+    );
+    let hooked = until(Duration::from_secs(30), &mut || {
+        d.log_text().contains("hook: domain \"wl2\"")
+    });
+    c.check(
+        hooked.is_some(),
+        "the libvirt hook told vmtierd about wl2",
+        format!(
+            "{}; the hook's log: {}",
+            d.log_text()
+                .lines()
+                .filter(|l| l.contains("hook: domain \"wl2\""))
+                .map(|l| l.split_once("] ").map_or(l, |x| x.1).to_owned())
+                .collect::<Vec<_>>()
+                .join("; "),
+            std::fs::read_to_string("/run/vmtier-libvirt-hook.log")
+                .unwrap_or_default()
+                .trim()
+                .replace('\n', " | ")
+        ),
+    );
+    let (ok, out) = virsh(&["destroy", "wl2"]);
+    c.check(ok, "virsh destroy wl2", &out);
+    let detached = until(Duration::from_secs(30), &mut || {
+        !listed(&d).contains(&"wl2".to_owned())
+    });
+    let names = listed(&d);
+    c.check(
+        detached.is_some() && names == ["wl1"],
+        "wl2 is detached cleanly, wl1 still managed",
+        format!(
+            "{:.1} s; vmtierctl list: {names:?}",
+            detached.map_or(-1.0, |t| t.as_secs_f64())
+        ),
+    );
+
+    // 8. The guest checks all of its memory.
+    con1.request_stop();
+    let done = con1.wait_for("WG done", Duration::from_secs(300));
+    con1.poll();
+    let corrupt = con1
+        .seen
+        .iter()
+        .filter(|l| l.starts_with("WG corrupt"))
+        .count();
+    c.check(
+        done.as_ref()
+            .is_some_and(|l| num(l, "corrupted") == Some(0))
+            && corrupt == 0,
+        "wl1's guest reports 0 corrupted words",
+        done.unwrap_or_else(|| "no 'WG done'".into()),
+    );
+    // isa-debug-exit ends QEMU; libvirt reports the domain stopped and vmtierd detaches it.
+    let gone = until(Duration::from_secs(60), &mut || listed(&d).is_empty());
+    c.check(
+        gone.is_some(),
+        "wl1 is detached when its QEMU exits",
+        format!("{gone:?}"),
+    );
+    let log = d.log_text();
+    c.check(
+        log.contains("wl1: libvirt domain detached") && !log.contains("panicked"),
+        "vmtierd's log tells the story",
+        log.lines()
+            .filter(|l| l.contains("libvirt"))
+            .take(12)
+            .collect::<Vec<_>>()
+            .join("\n    "),
+    );
+    let mut d = d;
+    let code = d.stop();
+    c.check(
+        code == Some(0),
+        "vmtierd exits cleanly",
+        format!("{code:?}"),
+    );
+    let _ = virsh(&["destroy", "wl1"]);
+}
