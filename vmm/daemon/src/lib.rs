@@ -4,10 +4,12 @@
 //! - [`engine`]: the tick loop — sources → hotness store → policy → migrator.
 //! - [`proto`]: the control API's requests and replies (shared with vmtierctl).
 //! - [`server`]: the unix-socket server that hands requests to the engine between ticks.
+//! - [`hints`]: the guest hint channel and the trust placed in it.
 //! - [`parts`]: builds a VM's backend, hotness source and policy from its configuration.
 
 pub mod config;
 pub mod engine;
+pub mod hints;
 pub mod parts;
 pub mod proto;
 pub mod server;
