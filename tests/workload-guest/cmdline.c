@@ -44,6 +44,7 @@ static const struct param params[P_COUNT] = {
 	PARAM(P_INJECT,		inject,		KIND_NUM,	1),
 	PARAM(P_SWEEP_EVERY,	sweep_every,	KIND_NUM,	1000000),
 	PARAM(P_MAX_REPORTS,	max_reports,	KIND_NUM,	0xffffffffu),
+	PARAM(P_HINTS,		hints,		KIND_NUM,	2),
 };
 
 static const char *const pattern_names[] = {

@@ -27,6 +27,7 @@ enum wg_param_id {
 	P_INJECT,
 	P_SWEEP_EVERY,
 	P_MAX_REPORTS,
+	P_HINTS,
 	P_COUNT,
 };
 
@@ -44,6 +45,7 @@ struct wg_config {
 	uint32_t inject;	/* test only: corrupt one word after the fill */
 	uint32_t sweep_every;	/* hot touches per background-swept page */
 	uint32_t max_reports;	/* WG corrupt lines printed at most, 0 = all */
+	uint32_t hints;		/* enum wg_hints_mode: 0 off, 1 on, 2 evil */
 	uint32_t given;		/* bitmap of enum wg_param_id */
 };
 

@@ -111,6 +111,11 @@ impl Daemon {
         Ok(d)
     }
 
+    /// vmtierd's pid.
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
     /// The log so far.
     pub fn log_text(&self) -> String {
         std::fs::read_to_string(&self.log).unwrap_or_default()

@@ -7,6 +7,7 @@ mod check;
 mod daemon;
 mod faults;
 mod guest;
+mod hints;
 mod kmod;
 mod kmod_abi;
 mod kmod_bench;
@@ -61,6 +62,9 @@ enum Cmd {
     /// Soak: ≥ N page migrations by vmtierd (move_pages and the module, 4 KiB and THP)
     /// under changing budgets while the guest writes; table and JSON, zero corruption.
     Soak(soak::SoakArgs),
+    /// vmtierd with guest hints: a hinted VM against an unhinted twin (ticks to place the
+    /// hot set), or (`--evil`) a malicious hint sender beside a normal VM.
+    Hints(hints::HintsArgs),
 }
 
 fn main() -> ExitCode {
@@ -79,6 +83,7 @@ fn main() -> ExitCode {
         Cmd::BenchE2e(a) => bench_e2e::run(&mut c, &a),
         Cmd::Sources(a) => sources::run(&mut c, &a),
         Cmd::Soak(a) => soak::run(&mut c, &a),
+        Cmd::Hints(a) => hints::run(&mut c, &a),
     }
     c.finish()
 }
