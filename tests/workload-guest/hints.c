@@ -15,7 +15,7 @@
  * a HELLO with no common version, HINTS of another version, an oversize
  * header, an unknown type, a bad length, invalid and out-of-RAM ranges,
  * a replayed sequence number, a claim that all RAM is pinned, and a flood
- * of frames beyond the rate limit.
+ * of header-only frames beyond the rate limit.
  */
 #include "hints.h"
 #include "io.h"
@@ -197,9 +197,14 @@ static void evil(uint32_t hot_gpa, uint32_t hot_bytes)
 	hints(1, ++seq, bad, 4);
 	hints(1, ++seq, &all, 1);
 	hints(1, seq, &all, 1);
-	/* A flood of well-formed frames beyond the rate limit. */
-	for (i = 0; i < EVIL_FLOOD; i++)
-		hints(1, ++seq, &all, 1);
+	/*
+	 * A flood beyond the rate limit: header-only frames (16 bytes, the most
+	 * frames a slow serial line can carry), each paying for admission.
+	 */
+	for (i = 0; i < EVIL_FLOOD; i++) {
+		header(1, 7, ++seq, 0);
+		send(frame, 16);
+	}
 }
 
 void hints_tick(uint32_t now_ms, uint32_t hot_gpa, uint32_t hot_bytes)

@@ -45,6 +45,9 @@ pub struct HintsArgs {
     /// The malicious sender beside a normal guest.
     #[arg(long)]
     evil: bool,
+    /// With --evil: the malicious VM's `frames_per_s`.
+    #[arg(long, default_value_t = 5)]
+    evil_frames_per_s: u32,
     /// Bound on vmtierd's CPU time over the run, percent of one CPU.
     #[arg(long, default_value_t = 50)]
     max_cpu_pct: u64,
@@ -183,6 +186,11 @@ pub fn run(c: &mut Checks, a: &HintsArgs) {
         );
         if let Some(s) = &v.socket {
             config += &format!("[vm.hints]\nsocket = \"{}\"\n", s.display());
+            if a.evil {
+                // Nested TCG's serial line carries about 300 bytes/s, under 20 frames/s
+                // even of bare headers: a lower limit makes the flood exceed it.
+                config += &format!("frames_per_s = {}\n", a.evil_frames_per_s);
+            }
         }
     }
     let d = match Daemon::start(&dir, &socket, &config) {
