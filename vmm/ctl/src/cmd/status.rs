@@ -124,9 +124,10 @@ fn render_hints(h: &vmtier_daemon::hints::HintStatus) -> String {
         trust.join(", ")
     );
     out += &format!(
-        "    dropped: rate {}   garbage {} bytes   replay {}   before hello {}   bad version {}   oversize {}   bad type {}   bad length {}\n",
+        "    dropped: rate {}   garbage {} bytes ({} at connect)   replay {}   before hello {}   bad version {}   oversize {}   bad type {}   bad length {}\n",
         c.dropped_rate,
         c.garbage_bytes,
+        c.resync_bytes,
         c.dropped_replay,
         c.dropped_before_hello,
         c.dropped_bad_version,
