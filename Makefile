@@ -39,9 +39,10 @@ lint:
 	$(CARGO) fmt --manifest-path fuzz/Cargo.toml -- --check
 	$(CARGO) clippy --workspace --all-targets --locked -- -D warnings
 
-# Coverage-guided fuzzing (libFuzzer) of the control-socket decoder and the config parser,
+# Coverage-guided fuzzing (libFuzzer) of the control-socket decoder, the config parser and the
+# guest hint channel,
 # from the committed corpus in fuzz/corpus (docs/fuzzing.md). fuzz-short is part of make test.
-FUZZ_TARGETS := control config
+FUZZ_TARGETS := control config hints
 FUZZ_SECONDS ?= 25
 FUZZ_RUNS ?= 5000000
 

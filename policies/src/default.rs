@@ -9,8 +9,12 @@
 //!
 //! It keeps no per-granule state of its own: its input is the engine's one-byte
 //! [`HeatRecord`] per granule, and planning is two linear passes plus O(32) arithmetic
-//! ([`crate::select`]). Guest hints, when present, raise (hot) or clear (cold) the heat of the
-//! hinted ranges for ranking only.
+//! ([`crate::select`]). Guest hints, when present, rank the hinted granules: a hot hint
+//! raises the heat to `hot_hint_heat` (a pinned one to the maximum) scaled by the hint's
+//! weight, a cold or free one clears it; and whatever the policy demotes, free-hinted granules
+//! go first. The engine hands hints over already checked, trust-weighted and capped to a
+//! share of the budget (docs/daemon.md), and the budget is enforced after the plan whatever
+//! the hints say.
 //!
 //! Sources for the design: the heat-sorted placement of vTMM (EuroSys'23: temperature buckets,
 //! fast pool up to a budget) and Memtis (SOSP'23: a hot threshold sized so the hot set fits the
@@ -42,7 +46,10 @@ pub struct Config {
     pub swap_min_heat: u8,
     /// Ticks a granule stays put after a move (0..=3) unless the budget forces it out.
     pub min_move_age: u8,
-    /// Heat given to granules in a guest's hot hint (0 = ignore hints).
+    /// Heat (0..=31) given to granules in a guest's hot hint of full weight (scaled by the
+    /// weight; a pinned hint gets 31 scaled); 0 ignores hints. Default 20: a hinted granule
+    /// is promoted into free room at once and displaces resident granules up to heat 12
+    /// (`swap_margin` below it). Hints exist only for VMs with `[vm.hints]`.
     pub hot_hint_heat: u8,
     /// Free DRAM kept for fast reaction, permille of the budget: cold (below
     /// `promote_min_heat`) settled granules are demoted with moves left over in a tick.
@@ -56,7 +63,7 @@ impl Default for Config {
             swap_margin: 8,
             swap_min_heat: 0,
             min_move_age: 3,
-            hot_hint_heat: 0,
+            hot_hint_heat: 20,
             headroom_permille: 0,
         }
     }
@@ -93,10 +100,8 @@ impl<'a> HintCursor<'a> {
         }
     }
 
-    fn key(&mut self, i: usize, r: HeatRecord) -> u8 {
-        if self.hints.is_empty() {
-            return r.heat();
-        }
+    /// The hint over granule `i`, if any (`i` must not decrease between calls).
+    fn at(&mut self, i: usize) -> Option<&'a vmtier_core::policy::GuestHint> {
         while let Some(h) = self.hints.get(self.next) {
             let end = u64::from(h.start.0) + u64::from(h.len);
             if (i as u64) < end {
@@ -104,14 +109,69 @@ impl<'a> HintCursor<'a> {
             }
             self.next += 1;
         }
-        match self.hints.get(self.next) {
-            Some(h) if h.start.index() <= i => match h.kind {
-                HintKind::Hot => r.heat().max(self.hot_heat),
-                HintKind::Cold => 0,
+        self.hints
+            .get(self.next)
+            .copied()
+            .filter(|h| h.start.index() <= i)
+    }
+
+    fn key(&mut self, i: usize, r: HeatRecord) -> u8 {
+        if self.hints.is_empty() {
+            return r.heat();
+        }
+        let hot_heat = self.hot_heat;
+        match self.at(i) {
+            Some(h) => match h.kind {
+                HintKind::Hot => r.heat().max(weighted(hot_heat, h.weight)),
+                HintKind::Pinned => r.heat().max(weighted(HeatRecord::MAX_HEAT, h.weight)),
+                HintKind::Cold | HintKind::Free => 0,
             },
-            _ => r.heat(),
+            None => r.heat(),
         }
     }
+}
+
+/// `heat` scaled by `weight`/255, rounded up.
+fn weighted(heat: u8, weight: u8) -> u8 {
+    let v = (u16::from(heat) * u16::from(weight)).div_ceil(255);
+    u8::try_from(v).unwrap_or(HeatRecord::MAX_HEAT)
+}
+
+/// Reorders the plan's demotions so that settled fast granules under a free hint go first:
+/// as many demotions as the policy planned, free ones before any other.
+fn free_first(input: &PolicyInput<'_>, min_move_age: u8, plan: &mut Plan) {
+    let n = plan.demote.len();
+    if n == 0 || !input.hints.iter().any(|h| h.kind == HintKind::Free) {
+        return;
+    }
+    let mut out = Vec::with_capacity(n);
+    'hints: for h in input.hints.iter().filter(|h| h.kind == HintKind::Free) {
+        for i in h.start.0..h.start.0.saturating_add(h.len) {
+            if out.len() == n {
+                break 'hints;
+            }
+            let Some(r) = input.records.get(i as usize) else {
+                break;
+            };
+            if r.is_fast() && r.move_age() >= min_move_age {
+                out.push(vmtier_core::policy::Granule(i));
+            }
+        }
+    }
+    if out.is_empty() {
+        return;
+    }
+    let mut chosen: Vec<u32> = out.iter().map(|g| g.0).collect();
+    chosen.sort_unstable();
+    for g in &plan.demote {
+        if out.len() == n {
+            break;
+        }
+        if chosen.binary_search(&g.0).is_err() {
+            out.push(*g);
+        }
+    }
+    plan.demote = out;
 }
 
 impl PlacementPolicy for DefaultPolicy {
@@ -146,7 +206,8 @@ impl PlacementPolicy for DefaultPolicy {
         let h = select::histogram(input.records, rules.min_move_age, |i, r| a.key(i, r));
         let q = select::quotas(&h, input.fast_budget, input.max_moves, &rules);
         let mut b = HintCursor::new(input, self.cfg.hot_hint_heat);
-        let plan = select::collect(input.records, rules.min_move_age, |i, r| b.key(i, r), q);
+        let mut plan = select::collect(input.records, rules.min_move_age, |i, r| b.key(i, r), q);
+        free_first(input, rules.min_move_age, &mut plan);
         select::fit(input, &plan)
     }
 }
@@ -202,11 +263,13 @@ mod tests {
                 start: Granule(0),
                 len: 1,
                 kind: HintKind::Hot,
+                weight: 255,
             },
             GuestHint {
                 start: Granule(1),
                 len: 1,
                 kind: HintKind::Cold,
+                weight: 255,
             },
         ];
         let mut input = PolicyInput::from_records(0, 4096, &r, 1, 10);
@@ -218,5 +281,135 @@ mod tests {
         let plan = p.plan(&input);
         assert_eq!(plan.promote, vec![Granule(0)]);
         assert_eq!(plan.demote, vec![Granule(2)]);
+    }
+
+    fn hint(start: u32, len: u32, kind: HintKind, weight: u8) -> GuestHint {
+        GuestHint {
+            start: Granule(start),
+            len,
+            kind,
+            weight,
+        }
+    }
+
+    #[test]
+    fn hint_kinds_and_weights_rank_granules() {
+        use HintKind::{Cold, Free, Hot, Pinned};
+        use Tier::{Fast as F, Slow as S};
+        let s = HeatRecord::SETTLED;
+        // (records (heat, tier), budget, moves, hints, promote, demote)
+        let cases: Vec<(
+            &str,
+            Vec<(u8, Tier)>,
+            u64,
+            Vec<GuestHint>,
+            Vec<u32>,
+            Vec<u32>,
+        )> = vec![
+            (
+                "a cold slow granule with a hot hint is promoted into room",
+                vec![(0, S), (0, S)],
+                1,
+                vec![hint(1, 1, Hot, 255)],
+                vec![1],
+                vec![],
+            ),
+            (
+                "a weak hot hint stays below promote_min_heat",
+                vec![(0, S)],
+                1,
+                vec![hint(0, 1, Hot, 20)],
+                vec![],
+                vec![],
+            ),
+            (
+                "a full hot hint displaces a lukewarm resident (20 >= 10 + 8)",
+                vec![(10, F), (0, S)],
+                1,
+                vec![hint(1, 1, Hot, 255)],
+                vec![1],
+                vec![0],
+            ),
+            (
+                "but not a hot one (20 < 14 + 8)",
+                vec![(14, F), (0, S)],
+                1,
+                vec![hint(1, 1, Hot, 255)],
+                vec![],
+                vec![],
+            ),
+            (
+                "pinned outranks hot",
+                vec![(0, S), (0, S)],
+                1,
+                vec![hint(0, 1, Hot, 255), hint(1, 1, Pinned, 255)],
+                vec![1],
+                vec![],
+            ),
+            (
+                "pinned displaces a hot resident (31 >= 20 + 8)",
+                vec![(20, F), (0, S)],
+                1,
+                vec![hint(1, 1, Pinned, 255)],
+                vec![1],
+                vec![0],
+            ),
+            (
+                "free granules are demoted before colder unhinted ones",
+                vec![(0, F), (3, F), (3, F), (30, S)],
+                3,
+                vec![hint(1, 2, Free, 255)],
+                vec![3],
+                vec![1],
+            ),
+            (
+                "a cold hint makes a hot resident the victim",
+                vec![(25, F), (20, S)],
+                1,
+                vec![hint(0, 1, Cold, 255)],
+                vec![1],
+                vec![0],
+            ),
+        ];
+        for (name, spec, budget, hints, promote, demote) in cases {
+            let r: Vec<_> = spec
+                .iter()
+                .map(|&(h, t)| HeatRecord::new(h, t, s))
+                .collect();
+            let mut input = PolicyInput::from_records(0, 4096, &r, budget, 100);
+            input.hints = &hints;
+            let plan = DefaultPolicy::default().plan(&input);
+            let ids = |v: &[Granule]| v.iter().map(|g| g.0).collect::<Vec<_>>();
+            assert_eq!(
+                (ids(&plan.promote), ids(&plan.demote)),
+                (promote, demote),
+                "{name}"
+            );
+        }
+    }
+
+    #[test]
+    fn hints_claiming_everything_never_exceed_the_budget() {
+        // A flooding guest: every granule pinned at full weight, the VM already at its
+        // budget, then the budget cut. The enforced plan never leaves DRAM over budget.
+        let n = 512u32;
+        for (fast, budget) in [(0u32, 64u64), (64, 64), (200, 64), (64, 0)] {
+            let r: Vec<_> = (0..n)
+                .map(|i| {
+                    let t = if i < fast { Tier::Fast } else { Tier::Slow };
+                    HeatRecord::new((i % 32) as u8, t, HeatRecord::SETTLED)
+                })
+                .collect();
+            let hints = [hint(0, n, HintKind::Pinned, 255)];
+            let mut input = PolicyInput::from_records(0, 4096, &r, budget, 1000);
+            input.hints = &hints;
+            let plan = DefaultPolicy::default().plan(&input);
+            let e = plan.enforce(&r, budget, 1000);
+            let after = u64::from(fast) - e.demote.len() as u64 + e.promote.len() as u64;
+            assert!(
+                after <= budget,
+                "{fast} fast, budget {budget}: {after} after the plan"
+            );
+        }
     }
 }

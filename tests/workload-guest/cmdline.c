@@ -49,6 +49,7 @@ static const struct param params[P_COUNT] = {
 	PARAM(P_WARM_PCT,	warm_pct,	KIND_NUM,	100),
 	PARAM(P_SCAN_AT,	scan_at,	KIND_NUM,	MAX_SECONDS),
 	PARAM(P_SCAN_FOR,	scan_for,	KIND_NUM,	MAX_SECONDS),
+	PARAM(P_HINTS,		hints,		KIND_NUM,	2),
 };
 
 static const char *const pattern_names[] = {

@@ -32,6 +32,7 @@ enum wg_param_id {
 	P_WARM_PCT,
 	P_SCAN_AT,
 	P_SCAN_FOR,
+	P_HINTS,
 	P_COUNT,
 };
 
@@ -54,6 +55,7 @@ struct wg_config {
 	uint32_t warm_pct;	/* percent of touches that go to it */
 	uint32_t scan_at;	/* seconds until a scan phase starts, 0 = none */
 	uint32_t scan_for;	/* seconds the scan phase lasts */
+	uint32_t hints;		/* enum wg_hints_mode: 0 off, 1 on, 2 evil */
 	uint32_t given;		/* bitmap of enum wg_param_id */
 };
 

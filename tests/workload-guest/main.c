@@ -15,6 +15,7 @@
  */
 #include "clock.h"
 #include "config.h"
+#include "hints.h"
 #include "hotset.h"
 #include "io.h"
 #include "lib.h"
@@ -227,6 +228,7 @@ static void run_loop(const struct wg_config *cfg, struct run_state *rs)
 			kprintf("WG scan end t_ms=%u pages=%u\n", now,
 				rs->scanned);
 		}
+		hints_tick(now, hot_start_gpa(rs), hot_pages() << PAGE_SHIFT);
 		if (cfg->report && now >= next_report) {
 			print_progress(rs, now);
 			next_report = now - now % (cfg->report * 1000u) +
@@ -347,6 +349,7 @@ void __attribute__((noreturn)) wg_main(uint32_t magic,
 	if (cfg.inject)
 		inject_one(&cfg, fill_bytes);
 
+	hints_init(cfg.hints, fill_end);
 	rs.tsc0 = rdtsc();
 	run_loop(&cfg, &rs);
 	final_sweep(&rs);

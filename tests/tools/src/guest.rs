@@ -137,9 +137,29 @@ impl Guest {
         policy: &str,
         append: &str,
     ) -> std::io::Result<Self> {
+        Self::start_with_args(qemu, elf, ram, node, policy, append, &[])
+    }
+
+    /// As [`Self::start_with_policy`], with `extra` QEMU arguments (devices, chardevs); each
+    /// such guest gets a directory of its own, so that several can run at once.
+    pub fn start_with_args(
+        qemu: &str,
+        elf: &std::path::Path,
+        ram: ByteSize,
+        node: Option<u32>,
+        policy: &str,
+        append: &str,
+        extra: &[String],
+    ) -> std::io::Result<Self> {
+        static GUESTS: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
         let placement =
             node.map_or_else(String::new, |n| format!(",host-nodes={n},policy={policy}"));
-        let dir = std::env::temp_dir().join(format!("vmtier-guest-{}", std::process::id()));
+        let dir = if extra.is_empty() {
+            std::env::temp_dir().join(format!("vmtier-guest-{}", std::process::id()))
+        } else {
+            let n = GUESTS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            std::env::temp_dir().join(format!("vmtier-guest-{}-{n}", std::process::id()))
+        };
         std::fs::create_dir_all(&dir)?;
         let qmp = dir.join("qmp.sock");
         let _ = std::fs::remove_file(&qmp);
@@ -165,6 +185,7 @@ impl Guest {
             .args(["-device", "isa-debug-exit,iobase=0xf4,iosize=4"])
             .arg("-qmp")
             .arg(format!("unix:{},server=on,wait=off", qmp.display()))
+            .args(extra)
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .spawn()?;

@@ -7,6 +7,7 @@ mod check;
 mod daemon;
 mod faults;
 mod guest;
+mod hints;
 mod kmod;
 mod kmod_abi;
 mod kmod_bench;
@@ -65,6 +66,9 @@ enum Cmd {
     /// vmtierd following a real libvirtd: domains found from their metadata, budget changes
     /// with virsh, domains attached and detached as they start and stop.
     Libvirt(libvirt::LibvirtArgs),
+    /// vmtierd with guest hints: a hinted VM against an unhinted twin (ticks to place the
+    /// hot set), or (`--evil`) a malicious hint sender beside a normal VM.
+    Hints(hints::HintsArgs),
 }
 
 fn main() -> ExitCode {
@@ -84,6 +88,7 @@ fn main() -> ExitCode {
         Cmd::Sources(a) => sources::run(&mut c, &a),
         Cmd::Soak(a) => soak::run(&mut c, &a),
         Cmd::Libvirt(a) => libvirt::run(&mut c, &a),
+        Cmd::Hints(a) => hints::run(&mut c, &a),
     }
     c.finish()
 }

@@ -224,9 +224,16 @@ pub enum HintKind {
     Hot,
     /// The guest expects not to use the range (freed, page cache it dropped, ...).
     Cold,
+    /// The guest has the range free: its content does not matter, so it is the first to
+    /// leave the fast tier.
+    Free,
+    /// Latency-critical: the guest wants it in the fast tier above anything merely hot.
+    Pinned,
 }
 
-/// A hint from a guest agent (untrusted: a policy may ignore it).
+/// A hint from a guest agent (untrusted: a policy may ignore it). The engine hands a policy
+/// hints that do not overlap, sorted by `start`, whose `weight` already reflects how far the
+/// host trusts their source.
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 pub struct GuestHint {
     /// First granule.
@@ -235,6 +242,8 @@ pub struct GuestHint {
     pub len: u32,
     /// What the guest claims.
     pub kind: HintKind,
+    /// Strength, 1..=255: the guest's weight scaled by the host's trust in its source.
+    pub weight: u8,
 }
 
 /// Everything a policy may look at for one VM and one tick.
@@ -260,7 +269,8 @@ pub struct PolicyInput<'a> {
     pub hint_faults: &'a [HintFault],
     /// DAMON-style regions covering all granules, in address order.
     pub regions: &'a [Region],
-    /// Guest hints received this tick.
+    /// The guest's current hints that the engine admits (validated, trust-weighted, at most
+    /// a share of the budget hot), not overlapping, sorted by start; empty without hints.
     pub hints: &'a [GuestHint],
     /// The largest heat gain the source can give in one tick
     /// ([`HeatRecord::heat_gain`] of all samples hit): 16 for DAMON and A-bit scans, 3 for

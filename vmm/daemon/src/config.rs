@@ -224,6 +224,9 @@ pub struct VmConfig {
     /// With `pid`: the ranges to manage.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub ranges: Vec<RangeConfig>,
+    /// The guest hint channel (`[vm.hints]`); none by default.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub hints: Option<crate::hints::HintsConfig>,
 }
 
 impl VmConfig {
@@ -241,6 +244,10 @@ impl VmConfig {
         if let Some(pid) = self.pid.filter(|p| p.raw() <= 0) {
             // 0 would mean vmtierd itself to move_pages(2) and the module.
             return invalid(format!("pid {pid} is not a process id (pids are positive)"));
+        }
+        if let Some(h) = &self.hints {
+            h.validate()
+                .map_err(|why| Error::Invalid(format!("VM {name}: {why}")))?;
         }
         let mut spans = Vec::with_capacity(self.ranges.len());
         for r in &self.ranges {

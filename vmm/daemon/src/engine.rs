@@ -48,6 +48,7 @@ use vmtier_core::{
 };
 use vmtier_sources::store::{Error as StoreError, HotnessStore, StoreConfig, HISTOGRAM_BUCKETS};
 
+use crate::hints::{HintFeed, HintParts, HintTracker, MISBEHAVING_FOR};
 use crate::proto::{NodeBytes, Reply, Request, Response, VmMetrics, VmStatus, VmSummary};
 
 /// Error of an engine operation (an API request or an attach).
@@ -138,6 +139,8 @@ pub struct VmParts {
     pub source: SourceFactory,
     /// Who decides.
     pub policy: Box<dyn PlacementPolicy>,
+    /// The guest hint channel, if the VM has one (`[vm.hints]`).
+    pub hints: Option<HintParts>,
 }
 
 impl std::fmt::Debug for VmParts {
@@ -175,6 +178,8 @@ enum Component {
     Layout,
     /// Settings from outside the config file (a libvirt domain's metadata) that were refused.
     Metadata,
+    /// The guest hint channel (the guest broke the protocol).
+    Hints,
 }
 
 impl Component {
@@ -185,6 +190,7 @@ impl Component {
             Component::Module => "kernel module",
             Component::Layout => "layout",
             Component::Metadata => "metadata",
+            Component::Hints => "hints",
         }
     }
 }
@@ -284,6 +290,16 @@ struct Vm {
     /// Re-read the layout at the next tick (memory hotplug reported), whatever
     /// `refresh_ticks` says.
     recheck_due: bool,
+    /// The guest hint channel.
+    hints: Option<VmHints>,
+}
+
+/// A VM's hint channel and the trust placed in it.
+struct VmHints {
+    feed: Box<dyn HintFeed>,
+    tracker: HintTracker,
+    /// When the guest last broke the protocol.
+    last_violation: Option<Instant>,
 }
 
 impl Vm {
@@ -359,6 +375,7 @@ impl Engine {
             mut backend,
             source,
             policy,
+            hints,
         } = parts;
         let layout = backend
             .layout()
@@ -398,6 +415,11 @@ impl Engine {
             slow_tick_logged: None,
             rate_limit: None,
             recheck_due: false,
+            hints: hints.map(|h| VmHints {
+                feed: h.feed,
+                tracker: HintTracker::new(h.distrust_ticks, h.max_budget_percent),
+                last_violation: None,
+            }),
         };
         self.migrator.add_layout(&vm.layout);
         if let Err(e) = refresh_placement(&self.cfg, self.locator.as_mut(), &mut vm) {
@@ -579,6 +601,16 @@ impl Engine {
                 .map(|b| (h.fast[b] + h.slow[b]) * g)
                 .collect(),
             metrics,
+            hints: vm.hints.as_ref().map(|h| {
+                let mut s = h.feed.status();
+                s.hinted_granules = h.tracker.hinted_granules;
+                s.trust = h.tracker.trust_status();
+                s.counters.contradicted_granules = h.tracker.contradicted;
+                s.counters.trust_halvings = h.tracker.halvings;
+                s.counters.capped_granules = h.tracker.capped;
+                s.misbehaving = vm.problems.now.get(&Component::Hints).cloned();
+                s
+            }),
         })
     }
 
@@ -779,7 +811,26 @@ fn tick_vm(
 
     let g = cfg.granule.bytes();
     let budget = vm.budget_bytes / g;
+    // Guest hints: this tick's I/O, then checked against the store (docs/daemon.md).
+    if let Some(h) = vm.hints.as_mut() {
+        let now = Instant::now();
+        let live = h.feed.poll(&vm.layout, now);
+        h.tracker.step(live, &vm.store, budget);
+        if let Some(why) = h.feed.take_violations() {
+            h.last_violation = Some(now);
+            vm.problems.set(&name, Component::Hints, why);
+        } else if h
+            .last_violation
+            .is_some_and(|at| now.saturating_duration_since(at) >= MISBEHAVING_FOR)
+        {
+            h.last_violation = None;
+            vm.problems.clear(&name, Component::Hints);
+        }
+    }
     let mut input = PolicyInput::from_records(vm.tick, g, vm.store.records(), budget, moves_left);
+    if let Some(h) = &vm.hints {
+        input.hints = h.tracker.hints();
+    }
     // The source's range this tick (soft-dirty: one sample, gain ≤ 3), for heat margins.
     input.max_gain = vm
         .reports
@@ -1442,6 +1493,7 @@ mod tests {
                 ))
             }),
             policy: vmtier_policies::registry::build("default", None).unwrap(),
+            hints: None,
         }
     }
 
@@ -1799,6 +1851,7 @@ mod tests {
                 Ok((Box::new(src) as Box<dyn HotnessSource>, "signal".into()))
             }),
             policy: vmtier_policies::registry::build("default", None).unwrap(),
+            hints: None,
         }
     }
 
@@ -2058,5 +2111,171 @@ mod tests {
             "{:?}",
             st.metrics
         );
+    }
+
+    // Guest hints: a fake feed of our own trait with scripted ranges.
+    use crate::hints::{HintParts, HintStatus, LiveRange};
+    use vmtier_hint_proto::{HintKind as Kind, HintRange, HintSource};
+
+    type Script = Arc<Mutex<Vec<LiveRange>>>;
+
+    struct FakeFeed {
+        script: Script,
+        now: Vec<LiveRange>,
+    }
+    impl HintFeed for FakeFeed {
+        fn poll(&mut self, _: &GuestMemoryLayout, _: Instant) -> &[LiveRange] {
+            self.now = self.script.lock().unwrap().clone();
+            &self.now
+        }
+        fn status(&self) -> HintStatus {
+            HintStatus::default()
+        }
+        fn take_violations(&mut self) -> Option<String> {
+            None
+        }
+    }
+
+    fn live(off: u64, len: u64, kind: Kind, weight: u8, source: HintSource) -> LiveRange {
+        LiveRange {
+            range: HintRange {
+                gpa: off,
+                len,
+                kind,
+                weight,
+                source,
+            },
+        }
+    }
+
+    fn with_hints(mut p: VmParts, script: &Script) -> VmParts {
+        p.hints = Some(HintParts {
+            feed: Box::new(FakeFeed {
+                script: script.clone(),
+                now: Vec::new(),
+            }),
+            distrust_ticks: 5,
+            max_budget_percent: 50,
+        });
+        p
+    }
+
+    /// Runs a 256 MiB VM (budget 64 MiB, weak hot set [64M, 96M)) with `hints` for up to
+    /// `ticks` ticks, checking the budget every tick; returns the tick the hot set reached
+    /// 90% in DRAM and the final status.
+    fn run_hinted(hints: Option<Vec<LiveRange>>, ticks: u64) -> (Option<u64>, VmStatus) {
+        let len = 256 * MIB;
+        let w = world(len);
+        let mut e = engine(&w, 1000);
+        let vm: VmId = "g".parse().unwrap();
+        let mut p = signal_parts(&w, len, weak(0.05, 20, 1));
+        if let Some(h) = hints {
+            p = with_hints(p, &Arc::new(Mutex::new(h)));
+        }
+        e.attach(vm.clone(), ByteSize(64 * MIB), p).unwrap();
+        let mut reached = None;
+        for t in 1..=ticks {
+            e.tick();
+            assert!(dram_bytes(&w) <= 64 * MIB, "tick {t}: over budget");
+            if reached.is_none() && hot_in_dram(&w, 64 * MIB, 32 * MIB) * 10 >= 32 * MIB * 9 {
+                reached = Some(t);
+            }
+        }
+        (reached, e.status(&vm).unwrap())
+    }
+
+    #[test]
+    fn hints_speed_up_placement_and_never_break_the_budget() {
+        use HintSource::{App, GuestDamon};
+        use Kind::{Free, Hot, Pinned};
+        let (base, _) = run_hinted(None, 20);
+        let base = base.expect("the hot set reaches DRAM without hints");
+        // (name, hints, reached at most at, check on the status)
+        type Check = fn(&VmStatus) -> bool;
+        let cases: Vec<(&str, Vec<LiveRange>, u64, Check)> = vec![
+            (
+                "truthful: the hot set, hot",
+                vec![live(64 * MIB, 32 * MIB, Hot, 255, GuestDamon)],
+                1,
+                |s| s.summary.fast_bytes >= 30 * MIB,
+            ),
+            (
+                "partial: half the hot set, in 4 KiB pieces and 2 MiB ones",
+                (0..64)
+                    .map(|i| live(64 * MIB + i * 4096, 4096, Hot, 200, GuestDamon))
+                    .chain((4..8).map(|i| live(64 * MIB + i * 2 * MIB, 2 * MIB, Hot, 200, App)))
+                    .collect(),
+                base,
+                |_| true,
+            ),
+            (
+                "contradicting: a cold range claimed pinned, the hot set claimed free",
+                vec![
+                    live(160 * MIB, 32 * MIB, Pinned, 255, App),
+                    live(64 * MIB, 32 * MIB, Free, 255, GuestDamon),
+                ],
+                base + 2,
+                |s| s.summary.fast_bytes <= 64 * MIB,
+            ),
+            (
+                "flooding: every granule pinned, many times over",
+                (0..4096)
+                    .map(|i| live((i % 128) * 2 * MIB, 2 * MIB, Pinned, 255, App))
+                    .collect(),
+                base + 2,
+                |s| s.summary.fast_bytes <= 64 * MIB,
+            ),
+        ];
+        for (name, hints, limit, check) in cases {
+            let (reached, st) = run_hinted(Some(hints), 30);
+            assert!(
+                reached.is_some_and(|t| t <= limit),
+                "{name}: reached at {reached:?}, limit {limit} (without hints: {base})"
+            );
+            assert!(check(&st), "{name}: {:?}", st.summary);
+            assert!(st.metrics.max_fast_bytes <= 64 * MIB, "{name}");
+        }
+    }
+
+    #[test]
+    fn contradicted_hints_lose_trust_and_stop_steering() {
+        // A cold range claimed pinned: after distrust_ticks (5) of cold host telemetry the
+        // source's trust halves, again every 5 ticks; the capped share (50% of the budget)
+        // is all the claim ever held.
+        let len = 256 * MIB;
+        let w = world(len);
+        let mut e = engine(&w, 1000);
+        let vm: VmId = "g".parse().unwrap();
+        let script = Arc::new(Mutex::new(vec![live(
+            160 * MIB,
+            96 * MIB,
+            Kind::Pinned,
+            255,
+            HintSource::Process,
+        )]));
+        let p = with_hints(signal_parts(&w, len, weak(0.1, 20, 1)), &script);
+        e.attach(vm.clone(), ByteSize(64 * MIB), p).unwrap();
+        let mut trust = Vec::new();
+        for _ in 0..20 {
+            e.tick();
+            assert!(dram_bytes(&w) <= 64 * MIB);
+            let st = e.status(&vm).unwrap();
+            let h = st.hints.unwrap();
+            assert!(h.hinted_granules <= 16, "cap: {}", h.hinted_granules);
+            trust.push(h.trust[0].percent);
+        }
+        assert_eq!(trust[3], 100, "{trust:?}");
+        assert_eq!(trust[4], 50, "halved at tick 5: {trust:?}");
+        assert_eq!(trust[19], 6, "halved every 5 ticks: {trust:?}");
+        let st = e.status(&vm).unwrap();
+        let c = st.hints.unwrap().counters;
+        assert_eq!(c.trust_halvings, 4);
+        assert!(c.capped_granules >= 20 * 32, "{c:?}");
+        // The weak hot set got DRAM all along (the cap left it room).
+        assert!(hot_in_dram(&w, 64 * MIB, 32 * MIB) * 10 >= 32 * MIB * 9);
+        // The guest comes clean: hints stop, trust is not regained without hints.
+        script.lock().unwrap().clear();
+        e.tick();
+        assert_eq!(e.status(&vm).unwrap().hints.unwrap().hinted_granules, 0);
     }
 }

@@ -5,12 +5,14 @@
 //! - [`proto`]: the control API's requests and replies (shared with vmtierctl).
 //! - [`server`]: the unix-socket server that hands requests to the engine between ticks.
 //! - `libvirt` (feature `libvirt`): follows a libvirt connection's domains.
+//! - [`hints`]: the guest hint channel and the trust placed in it.
 //! - [`parts`]: builds a VM's backend, hotness source and policy from its configuration.
 
 pub mod config;
 pub mod engine;
 #[cfg(feature = "libvirt")]
 pub mod libvirt;
+pub mod hints;
 pub mod parts;
 pub mod proto;
 pub mod server;

@@ -42,10 +42,15 @@ pub fn build(cfg: &Config, vm: &VmConfig) -> Result<VmParts, String> {
         Ok((sel.source, sel.reason))
     });
     let policy = cfg.build_policy().map_err(|e| err(&e))?;
+    let hints = vm
+        .hints
+        .as_ref()
+        .and_then(|h| crate::hints::HintParts::from_config(vm.name.as_str(), h));
     Ok(VmParts {
         backend,
         source,
         policy,
+        hints,
     })
 }
 

@@ -209,6 +209,9 @@ pub struct VmStatus {
     pub heat_histogram: Vec<u64>,
     /// Counters.
     pub metrics: VmMetrics,
+    /// The guest hint channel, if the VM has one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub hints: Option<crate::hints::HintStatus>,
 }
 
 #[cfg(test)]
@@ -260,7 +263,7 @@ mod tests {
             (br#"{"cmd":"set-budget","vm":"a","budget":"1025T"}"#, Err("Invalid request: budget 1025 TiB for a is above the largest, 1024 TiB")),
             (br#"{"cmd":"attach","vm":{"name":"a","budget":"1G","pid":0,"ranges":[{"start":4096,"len":4096}]}}"#, Err("Invalid request: VM a: pid 0 is not a process id")),
             (br#"{"cmd":"attach","vm":{"name":"a","budget":"1G"}}"#, Err("Invalid request: VM a: give qmp")),
-            (br#"{"cmd":"attach","vm":{"name":"a","budget":"1G","qmp":"/q"}}"#, Ok(Some(Request::Attach { vm: VmConfig { name: "a".parse().unwrap(), budget: ByteSize(1 << 30), qmp: Some("/q".into()), pid: None, ranges: vec![] } }))),
+            (br#"{"cmd":"attach","vm":{"name":"a","budget":"1G","qmp":"/q"}}"#, Ok(Some(Request::Attach { vm: VmConfig { name: "a".parse().unwrap(), budget: ByteSize(1 << 30), qmp: Some("/q".into()), pid: None, ranges: vec![], hints: None } }))),
             (long.as_bytes(), Err("Request longer than 65536 bytes")),
         ];
         for (line, want) in cases {

@@ -1,4 +1,5 @@
-//! `vmtierctl attach NAME --budget SIZE (--qmp SOCKET [--pid PID] | --pid PID --range START:LEN...)`.
+//! `vmtierctl attach NAME --budget SIZE (--qmp SOCKET [--pid PID] | --pid PID --range START:LEN...)
+//! [--hints SOCKET]`.
 
 use std::path::PathBuf;
 
@@ -25,6 +26,9 @@ pub struct Args {
     /// With --pid alone: a range START:LEN (START in hex with 0x, LEN with units), repeatable.
     #[arg(long, value_parser = parse_range, requires = "pid")]
     range: Vec<RangeConfig>,
+    /// The guest hint channel: QEMU's chardev socket (`[vm.hints]` with its defaults).
+    #[arg(long)]
+    hints: Option<PathBuf>,
 }
 
 fn parse_range(s: &str) -> Result<RangeConfig, String> {
@@ -50,6 +54,7 @@ pub fn run(client: &Client, a: Args) -> Result<(), Error> {
         qmp: a.qmp,
         pid: a.pid.map(ProcessId::new),
         ranges: a.range,
+        hints: a.hints.map(vmtier_daemon::hints::HintsConfig::new),
     };
     vm.validate().map_err(|e| Error::Refused(e.to_string()))?;
     let reply = client.call(&Request::Attach { vm })?;

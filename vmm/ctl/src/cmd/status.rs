@@ -78,7 +78,80 @@ pub fn render(s: &VmStatus) -> String {
         m.ticks,
         b(m.max_fast_bytes)
     );
+    if let Some(h) = &s.hints {
+        out += &render_hints(h);
+    }
     out
+}
+
+/// The hint channel's lines of a status.
+fn render_hints(h: &vmtier_daemon::hints::HintStatus) -> String {
+    let c = &h.counters;
+    let conn = match (&h.connected, &h.last_error) {
+        (true, _) => "connected".to_string(),
+        (false, Some(e)) => format!("not connected ({e})"),
+        (false, None) => "not connected".to_string(),
+    };
+    let agent = if h.agent.is_empty() {
+        "no HELLO yet".to_string()
+    } else {
+        format!("agent {:?} v{}", h.agent, h.version)
+    };
+    let trust: Vec<String> = h
+        .trust
+        .iter()
+        .map(|t| format!("{} {}%", t.source, t.percent))
+        .collect();
+    let mut out = format!(
+        "  hints {}: {conn}, {agent}
+",
+        h.socket.display()
+    );
+    if let Some(why) = &h.misbehaving {
+        out += &format!(
+            "    MISBEHAVING: {why}
+"
+        );
+    }
+    out += &format!(
+        "    frames ok {}   ranges accepted {}   rejected {} invalid, {} outside RAM   live {}   hinted {} granules   trust [{}]\n",
+        c.frames_ok,
+        c.ranges_accepted,
+        c.ranges_rejected_invalid,
+        c.ranges_rejected_outside_ram,
+        h.live_ranges,
+        h.hinted_granules,
+        trust.join(", ")
+    );
+    out += &format!(
+        "    dropped: rate {}   garbage {} bytes ({} at connect)   replay {}   before hello {}   bad version {}   oversize {}   bad type {}   bad length {}\n",
+        c.dropped_rate,
+        c.garbage_bytes,
+        c.resync_bytes,
+        c.dropped_replay,
+        c.dropped_before_hello,
+        c.dropped_bad_version,
+        c.dropped_oversize,
+        c.dropped_bad_type,
+        c.dropped_bad_length
+    );
+    out += &format!(
+        "    slow-downs {}   replies dropped {}   evicted {}   contradicted {} granule-ticks   trust halvings {}   capped {} granule-ticks   read {}   connects {} ({} failed)\n",
+        c.slow_downs_sent,
+        c.replies_dropped,
+        c.evicted_ranges,
+        c.contradicted_granules,
+        c.trust_halvings,
+        c.capped_granules,
+        b(c.bytes_read),
+        c.connects,
+        c.connect_errors
+    );
+    out
+}
+
+fn b(x: u64) -> String {
+    ByteSize(x).to_string()
 }
 
 #[cfg(test)]
@@ -113,6 +186,16 @@ mod tests {
                 source_errors: 5,
                 ..VmMetrics::default()
             },
+            hints: Some(vmtier_daemon::hints::HintStatus {
+                socket: "/run/web1.hints".into(),
+                misbehaving: Some("the guest broke the hint protocol: 3 oversize".into()),
+                counters: vmtier_daemon::hints::HintCounters {
+                    dropped_oversize: 3,
+                    garbage_bytes: 99,
+                    ..Default::default()
+                },
+                ..Default::default()
+            }),
         };
         let text = render(&s);
         for want in [
@@ -122,6 +205,10 @@ mod tests {
             "migration errors 2",
             "module fallbacks 4 (512 pages)",
             "source errors 5",
+            "hints /run/web1.hints: not connected, no HELLO yet",
+            "MISBEHAVING: the guest broke the hint protocol: 3 oversize",
+            "garbage 99 bytes",
+            "oversize 3",
         ] {
             assert!(text.contains(want), "{want:?} not in {text}");
         }
