@@ -10,9 +10,9 @@
 
 pub mod config;
 pub mod engine;
+pub mod hints;
 #[cfg(feature = "libvirt")]
 pub mod libvirt;
-pub mod hints;
 pub mod parts;
 pub mod proto;
 pub mod server;

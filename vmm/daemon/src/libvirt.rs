@@ -374,6 +374,9 @@ impl Follower {
             backend: Box::new(backend),
             source: source_factory(cfg),
             policy,
+            // No hint channel for libvirt domains yet: their agent channel
+            // (org.vmtier.agent.0) is not looked up from the domain XML.
+            hints: None,
         };
         engine
             .attach(id.clone(), t.budget, parts)
