@@ -2,6 +2,7 @@
 //! `ok - NAME: detail` or `not ok - NAME: detail` per assertion and exits non-zero if any
 //! failed.
 
+mod agent;
 mod bench_e2e;
 mod check;
 mod daemon;
@@ -61,6 +62,10 @@ enum Cmd {
     /// Soak: ≥ N page migrations by vmtierd (move_pages and the module, 4 KiB and THP)
     /// under changing budgets while the guest writes; table and JSON, zero corruption.
     Soak(soak::SoakArgs),
+    /// Inside the tiered host: the guest agent marks known buffers and snapshots on request.
+    AgentGuest(agent::GuestArgs),
+    /// On the machine: runs the testbed with the agent port and checks the agent's frames.
+    AgentHost(agent::HostArgs),
 }
 
 fn main() -> ExitCode {
@@ -79,6 +84,8 @@ fn main() -> ExitCode {
         Cmd::BenchE2e(a) => bench_e2e::run(&mut c, &a),
         Cmd::Sources(a) => sources::run(&mut c, &a),
         Cmd::Soak(a) => soak::run(&mut c, &a),
+        Cmd::AgentGuest(a) => agent::guest(&mut c, &a),
+        Cmd::AgentHost(a) => agent::host(&mut c, &a),
     }
     c.finish()
 }
