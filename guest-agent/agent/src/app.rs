@@ -178,19 +178,32 @@ impl AppServer {
         if let Some(dir) = p.parent() {
             let _ = fs::create_dir_all(dir);
         }
-        let listener = UnixListener::bind(p).map_err(|e| Error::Bind(name.clone(), e))?;
-        listener
-            .set_nonblocking(true)
-            .map_err(|e| Error::Bind(name.clone(), e))?;
-        let mode = cfg
-            .mode_bits()
-            .map_err(|e| Error::Perm(name.clone(), io::Error::other(e.to_string())))?;
-        fs::set_permissions(p, fs::Permissions::from_mode(mode))
-            .map_err(|e| Error::Perm(name.clone(), e))?;
-        if !cfg.group.is_empty() {
-            let gid = gid_of(&cfg.group)?;
-            std::os::unix::fs::chown(p, None, Some(gid))
+        // Bound under a temporary name, given its mode and group, then renamed into place:
+        // the socket never appears at its path with other permissions.
+        let mut tmp = p.as_os_str().to_owned();
+        tmp.push(format!(".new-{}", std::process::id()));
+        let tmp = std::path::PathBuf::from(tmp);
+        let _ = fs::remove_file(&tmp);
+        let listener = UnixListener::bind(&tmp).map_err(|e| Error::Bind(name.clone(), e))?;
+        let setup = || -> Result<(), Error> {
+            listener
+                .set_nonblocking(true)
+                .map_err(|e| Error::Bind(name.clone(), e))?;
+            let mode = cfg
+                .mode_bits()
+                .map_err(|e| Error::Perm(name.clone(), io::Error::other(e.to_string())))?;
+            fs::set_permissions(&tmp, fs::Permissions::from_mode(mode))
                 .map_err(|e| Error::Perm(name.clone(), e))?;
+            if !cfg.group.is_empty() {
+                let gid = gid_of(&cfg.group)?;
+                std::os::unix::fs::chown(&tmp, None, Some(gid))
+                    .map_err(|e| Error::Perm(name.clone(), e))?;
+            }
+            fs::rename(&tmp, p).map_err(|e| Error::Bind(name.clone(), e))
+        };
+        if let Err(e) = setup() {
+            let _ = fs::remove_file(&tmp);
+            return Err(e);
         }
         Ok(Self {
             listener,

@@ -18,6 +18,7 @@ use std::io::{BufRead, BufReader, Read, Write};
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -43,6 +44,9 @@ pub struct GuestArgs {
     /// Bytes of the buffer marked HOT, MiB.
     #[arg(long, default_value_t = 8)]
     hot_mib: u64,
+    /// Seconds to keep writing the hot buffer after the snapshot (for the guest's DAMON).
+    #[arg(long, default_value_t = 8)]
+    touch_secs: u64,
 }
 
 /// `tbcheck agent-host`.
@@ -52,7 +56,7 @@ pub struct HostArgs {
     #[arg(long)]
     socket: PathBuf,
     /// Allowed |FREE total − MemFree|, permille of MemFree.
-    #[arg(long, default_value_t = 20)]
+    #[arg(long, default_value_t = 10)]
     free_tolerance_permille: u64,
     /// The testbed command (tests/testbed/run ... -- tbcheck agent-guest ...).
     #[arg(last = true, required = true)]
@@ -253,6 +257,50 @@ fn guest_session(c: &mut Checks, a: &GuestArgs, run: &Path) -> Result<(), String
         .map_err(|e| format!("hot buffer: {e}"))?;
     let pinned = Buf::anon(1 << 20).map_err(|e| format!("pinned buffer: {e}"))?;
     let cold = Buf::memfd(COLD_MEMFD, 2 << 20).map_err(|e| format!("memfd buffer: {e}"))?;
+    // A thread keeps writing the hot buffer so the guest's DAMON sees it hot.
+    let stop = AtomicBool::new(false);
+    let (addr, len) = (hot.addr(), hot.len);
+    let r = std::thread::scope(|sc| {
+        sc.spawn(|| touch(addr, len, &stop));
+        let r = marked(c, a, run, &hot, &pinned, &cold);
+        stop.store(true, Ordering::Relaxed);
+        r
+    });
+    drop((hot, pinned, cold));
+    r
+}
+
+/// Writes one byte per page of `[addr, addr+len)` over and over until `stop`. Each pass
+/// starts with an mprotect round trip: DAMON clears accessed bits without a TLB flush, and
+/// a CPU that keeps the translation cached (TCG's softmmu TLB too) would not set them again.
+fn touch(addr: u64, len: usize, stop: &AtomicBool) {
+    let mut round = 0u8;
+    while !stop.load(Ordering::Relaxed) {
+        round = round.wrapping_add(1);
+        // SAFETY: the mapping stays alive until this thread ends (scoped); protections only.
+        unsafe {
+            libc::mprotect(addr as *mut libc::c_void, len, libc::PROT_READ);
+            libc::mprotect(
+                addr as *mut libc::c_void,
+                len,
+                libc::PROT_READ | libc::PROT_WRITE,
+            );
+        }
+        for off in (0..len).step_by(4096) {
+            // SAFETY: the caller keeps the mapping alive until this thread ends (scoped).
+            unsafe { (addr as *mut u8).add(off).write_volatile(round) };
+        }
+    }
+}
+
+fn marked(
+    c: &mut Checks,
+    a: &GuestArgs,
+    run: &Path,
+    hot: &Buf,
+    pinned: &Buf,
+    cold: &Buf,
+) -> Result<(), String> {
     let mut s = UnixStream::connect(SOCK).map_err(|e| format!("connect {SOCK}: {e}"))?;
     s.set_read_timeout(Some(Duration::from_secs(60)))
         .map_err(|e| e.to_string())?;
@@ -296,11 +344,11 @@ fn guest_session(c: &mut Checks, a: &GuestArgs, run: &Path) -> Result<(), String
         std::thread::sleep(Duration::from_millis(500));
     }
     let pfns = |b: &Buf| own_pfns(b.addr(), b.len as u64).map_err(|e| format!("pagemap: {e}"));
-    let before = (pfns(&hot)?, pfns(&pinned)?, pfns(&cold)?);
+    let before = (pfns(hot)?, pfns(pinned)?, pfns(cold)?);
     let free_before = mem_free_kib();
     let v = q(json!({"op":"sync"}))?;
     let free_after = mem_free_kib();
-    let after = (pfns(&hot)?, pfns(&pinned)?, pfns(&cold)?);
+    let after = (pfns(hot)?, pfns(pinned)?, pfns(cold)?);
     c.check(
         before == after,
         "the buffers did not move during the snapshot",
@@ -327,15 +375,14 @@ fn guest_session(c: &mut Checks, a: &GuestArgs, run: &Path) -> Result<(), String
         after.1.len(),
         after.2.len()
     );
-    // Let the snapshot's frames leave (rate-limited) before the buffers go.
-    std::thread::sleep(Duration::from_secs(3));
+    // Let the snapshot's frames leave (rate-limited) and DAMON find the hot buffer.
+    std::thread::sleep(Duration::from_secs(a.touch_secs));
     let v = q(json!({"op":"list"}))?;
     c.check(
         v["marks"].as_array().is_some_and(|m| m.len() == 2),
         "list shows the two marks",
         &v,
     );
-    drop((hot, pinned, cold));
     Ok(())
 }
 
@@ -655,14 +702,28 @@ pub fn host(c: &mut Checks, a: &HostArgs) {
             a.free_tolerance_permille
         ),
     );
-    let damon = frames
+    let damon_all: Vec<&vmtier_hint_proto::HintRange> = w
+        .hints
         .iter()
         .flat_map(|f| f.ranges.iter())
-        .filter(|r| r.source == HintSource::GuestDamon)
-        .count();
+        .filter(|r| r.source == HintSource::GuestDamon && r.kind == HintKind::Hot)
+        .collect();
+    let damon = damon_all.len();
+    let damon_pages = pages_of(&damon_all);
+    let covered = want_hot.iter().filter(|p| damon_pages.contains(p)).count();
+    c.check(
+        covered > 0,
+        "the guest's DAMON (paddr) reported HOT ranges covering the hot buffer",
+        format!(
+            "{covered} of {} buffer pages inside its HOT ranges over the run ({} ranges, {} KiB in all)",
+            want_hot.len(),
+            damon,
+            damon_pages.len() * 4
+        ),
+    );
     let snapshots: BTreeSet<u64> = w.hints.iter().map(|h| h.epoch).collect();
     println!(
-        "agent-host: {} HINTS frames over {} snapshots; epoch {epoch}: {} frames, {} FREE ranges ({free_kib} KiB), {} HOT app pages, {} PINNED, {} COLD, {} guest-DAMON HOT ranges",
+        "agent-host: {} HINTS frames over {} snapshots; epoch {epoch}: {} frames, {} FREE ranges ({free_kib} KiB), {} HOT app pages, {} PINNED, {} COLD, {} guest-DAMON HOT ranges over the run",
         w.hints.len(),
         snapshots.len(),
         frames.len(),
