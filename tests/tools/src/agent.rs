@@ -196,6 +196,35 @@ pub fn guest(c: &mut Checks, a: &GuestArgs) {
         }
         Err(e) => return c.fatal("run agent --check", e),
     }
+    // --print: one snapshot encoded and decoded back, nothing sent.
+    match Command::new(&a.agent).arg("--print").output() {
+        Ok(o) => {
+            let out = String::from_utf8_lossy(&o.stdout).into_owned();
+            let totals: Vec<&str> = out.lines().filter(|l| l.starts_with("total ")).collect();
+            c.check(
+                o.status.success() && totals.iter().any(|l| l.starts_with("total FREE")),
+                "agent --print decodes its own frames",
+                totals.join("; "),
+            );
+        }
+        Err(e) => return c.fatal("run agent --print", e),
+    }
+    // --once: one snapshot to the host, then BYE.
+    match Command::new(&a.agent)
+        .args(["--once", "--timeout-ms", "60000"])
+        .output()
+    {
+        Ok(o) => {
+            let out = String::from_utf8_lossy(&o.stdout).into_owned();
+            print!("{out}");
+            c.check(
+                o.status.success() && out.contains("host accepted"),
+                "agent --once sends one snapshot and exits 0",
+                out.lines().last().unwrap_or(""),
+            );
+        }
+        Err(e) => return c.fatal("run agent --once", e),
+    }
     let cfg = run.join("agent.toml");
     let me = std::process::id();
     let text = format!(
@@ -389,6 +418,8 @@ fn marked(
 /// One HINTS frame as received.
 #[derive(Debug)]
 struct Got {
+    /// Sessions (HELLOs) seen before this frame.
+    session: usize,
     epoch: u64,
     flags: u32,
     ranges: Vec<vmtier_hint_proto::HintRange>,
@@ -456,7 +487,9 @@ fn host_end(mut s: UnixStream, w: &Arc<Mutex<Wire>>) {
                         }
                         let rejected = h.ranges.len() - ok.len();
                         let accepted = ok.len();
+                        let session = w.hellos.len();
                         w.hints.push(Got {
+                            session,
                             epoch: h.epoch,
                             flags: h.flags,
                             ranges: ok,
@@ -578,8 +611,8 @@ pub fn host(c: &mut Checks, a: &HostArgs) {
     c.check(
         w.hellos
             .iter()
-            .any(|(seq, n)| *seq == 0 && n == "vmtier-agent"),
-        "the agent said HELLO (seq 0, its name)",
+            .all(|(seq, n)| *seq == 0 && n == "vmtier-agent"),
+        "the agent said HELLO (seq 0, its name) in each session",
         format!("{:?}", w.hellos),
     );
     c.check(
@@ -595,19 +628,39 @@ pub fn host(c: &mut Checks, a: &HostArgs) {
         ),
     );
     c.check(
-        w.hints.windows(2).all(|p| p[0].epoch <= p[1].epoch),
-        "epochs never decrease",
+        w.hints
+            .windows(2)
+            .all(|p| p[0].session != p[1].session || p[0].epoch <= p[1].epoch),
+        "epochs never decrease within a session",
         "",
     );
     c.check(
-        w.byes == [0],
-        "the agent said BYE (normal) when stopped",
+        w.byes == [0, 0],
+        "BYE (normal) after --once and when the daemon stopped",
         format!("{:?}", w.byes),
+    );
+    let once: Vec<&Got> = w.hints.iter().filter(|h| h.session == 1).collect();
+    c.check(
+        w.hellos.len() == 2
+            && once
+                .iter()
+                .any(|h| h.ranges.iter().any(|r| r.kind == HintKind::Free)),
+        "--once: a session with one snapshot (FREE ranges), then the daemon's own session",
+        format!(
+            "{} sessions; --once sent {} frames",
+            w.hellos.len(),
+            once.len()
+        ),
     );
     let Some(epoch) = g["epoch"].as_u64() else {
         return c.fatal("epoch in agent-guest.json", &g);
     };
-    let frames: Vec<&Got> = w.hints.iter().filter(|h| h.epoch == epoch).collect();
+    let last = w.hellos.len();
+    let frames: Vec<&Got> = w
+        .hints
+        .iter()
+        .filter(|h| h.session == last && h.epoch == epoch)
+        .collect();
     let of = |src: HintSource, kind: HintKind| -> Vec<&vmtier_hint_proto::HintRange> {
         frames
             .iter()
