@@ -358,19 +358,25 @@ fn marked(
             format!("{bad} -> {v}"),
         );
     }
-    // Wait until the agent has a session with the host.
-    let t0 = Instant::now();
-    loop {
-        let v = q(json!({"op":"sync"}))?;
-        if v["connected"] == true {
-            break;
+    // Wait until the agent has a session with the host; the host end drops the first one
+    // right away (agent-host), so wait a little and for a session again.
+    for round in 0..2 {
+        let t0 = Instant::now();
+        loop {
+            let v = q(json!({"op":"sync"}))?;
+            if v["connected"] == true {
+                break;
+            }
+            if t0.elapsed() > Duration::from_secs(90) {
+                return Err(format!(
+                    "the agent has no session with the host after 90 s: {v}"
+                ));
+            }
+            std::thread::sleep(Duration::from_millis(500));
         }
-        if t0.elapsed() > Duration::from_secs(90) {
-            return Err(format!(
-                "the agent has no session with the host after 90 s: {v}"
-            ));
+        if round == 0 {
+            std::thread::sleep(Duration::from_secs(4));
         }
-        std::thread::sleep(Duration::from_millis(500));
     }
     let pfns = |b: &Buf| own_pfns(b.addr(), b.len as u64).map_err(|e| format!("pagemap: {e}"));
     let before = (pfns(hot)?, pfns(pinned)?, pfns(cold)?);
@@ -437,14 +443,27 @@ struct Wire {
 }
 
 /// Plays the host end until the socket closes (QEMU exits).
-fn host_end(mut s: UnixStream, w: &Arc<Mutex<Wire>>) {
+/// When to hang up.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Until {
+    /// After the first BYE.
+    Bye,
+    /// After the first HINTS frame (a vmtierd restart in mid-session).
+    Hints,
+    /// At EOF (QEMU exits).
+    Eof,
+}
+
+/// Plays the host end on one connection until `until`. Returns whether it got there
+/// (false: EOF first).
+fn host_end(mut s: UnixStream, w: &Arc<Mutex<Wire>>, until: Until) -> bool {
     let mut d = Decoder::new();
     let mut buf = vec![0u8; 65536];
     let mut last_seq: Option<u32> = None;
     let mut my_seq = 0u32;
     loop {
         let n = match s.read(&mut buf) {
-            Ok(0) | Err(_) => return,
+            Ok(0) | Err(_) => return false,
             Ok(n) => n,
         };
         let mut w = w.lock().unwrap_or_else(|p| p.into_inner());
@@ -494,6 +513,9 @@ fn host_end(mut s: UnixStream, w: &Arc<Mutex<Wire>>) {
                             flags: h.flags,
                             ranges: ok,
                         });
+                        if until == Until::Hints {
+                            return true;
+                        }
                         Some(Body::Ack(Ack {
                             acked_seq: f.seq,
                             accepted: u32::try_from(accepted).unwrap_or(u32::MAX),
@@ -502,6 +524,9 @@ fn host_end(mut s: UnixStream, w: &Arc<Mutex<Wire>>) {
                     }
                     Body::Bye(b) => {
                         w.byes.push(b.reason);
+                        if until == Until::Bye {
+                            return true;
+                        }
                         None
                     }
                     other => {
@@ -585,9 +610,40 @@ pub fn host(c: &mut Checks, a: &HostArgs) {
         return c.fatal("connect to the agent port socket", a.socket.display());
     };
     let w2 = Arc::clone(&wire);
-    let reader = std::thread::spawn(move || host_end(s, &w2));
+    let sock = a.socket.clone();
+    let reader = std::thread::spawn(move || {
+        // Connection 1 until --once's BYE; connection 2 until the daemon agent's first
+        // HINTS frame (hung up mid-session, as a restarting vmtierd would); connection 3
+        // until QEMU exits. The agent must say HELLO again on each.
+        if !host_end(s, &w2, Until::Bye) {
+            return 1;
+        }
+        let mut n = 1;
+        for until in [Until::Hints, Until::Eof] {
+            let t = Instant::now();
+            let conn = loop {
+                std::thread::sleep(Duration::from_millis(if until == Until::Eof {
+                    1000
+                } else {
+                    100
+                }));
+                if let Ok(s2) = UnixStream::connect(&sock) {
+                    break Some(s2);
+                }
+                if t.elapsed() > Duration::from_secs(30) {
+                    break None;
+                }
+            };
+            let Some(s2) = conn else { return n };
+            n += 1;
+            if !host_end(s2, &w2, until) {
+                return n;
+            }
+        }
+        n
+    });
     let status = child.wait();
-    let _ = reader.join();
+    let connections = reader.join().unwrap_or(0);
     let _ = err_thread.join();
     let _ = fs::remove_file(&a.socket);
     match status {
@@ -641,10 +697,13 @@ pub fn host(c: &mut Checks, a: &HostArgs) {
     );
     let once: Vec<&Got> = w.hints.iter().filter(|h| h.session == 1).collect();
     c.check(
-        w.hellos.len() == 2
-            && once
-                .iter()
-                .any(|h| h.ranges.iter().any(|r| r.kind == HintKind::Free)),
+        connections == 3 && w.hellos.len() == 3,
+        "the host end hung up after --once and in the daemon's first session: the agent said HELLO on each new connection",
+        format!("{connections} connections"),
+    );
+    c.check(
+        once.iter()
+            .any(|h| h.ranges.iter().any(|r| r.kind == HintKind::Free)),
         "--once: a session with one snapshot (FREE ranges), then the daemon's own session",
         format!(
             "{} sessions; --once sent {} frames",
@@ -655,11 +714,11 @@ pub fn host(c: &mut Checks, a: &HostArgs) {
     let Some(epoch) = g["epoch"].as_u64() else {
         return c.fatal("epoch in agent-guest.json", &g);
     };
-    let last = w.hellos.len();
+    // The daemon agent's sessions (2 and 3) share its epoch counter.
     let frames: Vec<&Got> = w
         .hints
         .iter()
-        .filter(|h| h.session == last && h.epoch == epoch)
+        .filter(|h| h.session >= 2 && h.epoch == epoch)
         .collect();
     let of = |src: HintSource, kind: HintKind| -> Vec<&vmtier_hint_proto::HintRange> {
         frames
