@@ -88,3 +88,79 @@ fn process_frames(pid: i32, rule: &ProcessRule) -> Result<Vec<u64>, pagemap::Err
     frames.truncate(usize::try_from(max_pages).unwrap_or(usize::MAX));
     Ok(frames)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ranges::Kind;
+
+    fn rule(
+        pid: Option<i32>,
+        name: Option<&str>,
+        mappings: &[&str],
+        max_bytes: u64,
+    ) -> ProcessRule {
+        ProcessRule {
+            name: name.map(str::to_owned),
+            pid,
+            kind: Kind::Cold,
+            mappings: mappings.iter().map(|s| (*s).to_owned()).collect(),
+            weight: 7,
+            max_bytes,
+        }
+    }
+
+    /// This process's own memfd mapping, found by its maps name (frame numbers need root).
+    #[test]
+    fn matches_mappings_of_this_process() {
+        // SAFETY: geteuid has no preconditions.
+        if unsafe { libc::geteuid() } != 0 {
+            return;
+        }
+        let name = format!("vmtier-agent-test-{}", std::process::id());
+        let f = {
+            let c = std::ffi::CString::new(name.clone()).unwrap();
+            // SAFETY: c is a valid NUL-terminated name.
+            let fd = unsafe { libc::memfd_create(c.as_ptr(), 0) };
+            assert!(fd >= 0);
+            // SAFETY: fd was just returned by memfd_create and is owned here.
+            unsafe { <std::fs::File as std::os::fd::FromRawFd>::from_raw_fd(fd) }
+        };
+        f.set_len(5 * PAGE).unwrap();
+        let len = usize::try_from(5 * PAGE).unwrap();
+        // SAFETY: a shared mapping of the memfd, checked, unmapped below.
+        let p = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                len,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_SHARED | libc::MAP_POPULATE,
+                std::os::fd::AsRawFd::as_raw_fd(&f),
+                0,
+            )
+        };
+        assert_ne!(p, libc::MAP_FAILED);
+        let me = std::process::id() as i32;
+        let path = format!("/memfd:{name} (deleted)");
+        let cases: &[(ProcessRule, u64)] = &[
+            (rule(Some(me), None, &[&path], 1 << 30), 5 * PAGE),
+            (rule(Some(me), None, &[&path], 2 * PAGE), 2 * PAGE),
+            (rule(Some(me), None, &["/no/such/file"], 1 << 30), 0),
+            (rule(None, Some("no-such-comm-xyz"), &[], 1 << 30), 0),
+        ];
+        for (r, want) in cases {
+            let found = snapshot(std::slice::from_ref(r));
+            let v: Vec<_> = found.hints.iter().map(|h| h.range).collect();
+            assert_eq!(ranges::total_bytes(&v), *want, "{r:?}");
+            assert!(found
+                .hints
+                .iter()
+                .all(|h| h.kind == Kind::Cold && h.weight == 7));
+            assert!(found.errors.is_empty(), "{:?}", found.errors);
+        }
+        let gone = snapshot(&[rule(Some(i32::MAX), None, &[], 1 << 30)]);
+        assert_eq!((gone.hints.len(), gone.errors.len()), (0, 1));
+        // SAFETY: the mapping made above, not used afterwards.
+        unsafe { libc::munmap(p, len) };
+    }
+}
