@@ -17,6 +17,7 @@ build: deps
 	$(CARGO) build --release --workspace --locked
 	$(MAKE) -C tests/workload-guest O=$(TARGET)/workload-guest
 	$(MAKE) kmod
+	$(MAKE) agent
 
 guest:
 	$(MAKE) -C tests/workload-guest O=$(TARGET)/workload-guest
@@ -109,3 +110,23 @@ soak: build
 	RUST_LOG=$${RUST_LOG:-info,vmtier_daemon::engine=debug} tests/testbed/run --quiet --timeout 1800 -- $(BIN)/tbcheck soak --elf $(GUEST) --ko-dir $(TARGET)/kmod --out $(TARGET)/bench/soak.json $(SOAK_ARGS); \
 	rc=$$?; run=$$(ls -td $(TARGET)/testbed/runs/*/ | head -n 1); \
 	sed -n '/^soak: /,/ passed, [0-9]* failed$$/p' $$run/console.log | grep -v '^\[ *[0-9.]*\]' | grep -v '^  '; exit $$rc
+
+# The guest agent (docs/guest-agent.md) as a static binary with no runtime dependencies:
+# target/agent/vmtier-agent, plus its systemd unit, init script and example configuration
+# in guest-agent/dist.
+AGENT := $(TARGET)/agent/vmtier-agent
+.PHONY: agent
+agent:
+	RUSTFLAGS='-C target-feature=+crt-static' $(CARGO) build --release --locked -p vmtier-agent --target x86_64-unknown-linux-gnu
+	install -D -s -m 0755 $(TARGET)/x86_64-unknown-linux-gnu/release/vmtier-agent $(AGENT)
+
+# Opt-in, not in `make test`: a nested Linux guest (6.12, busybox initramfs) runs the static
+# agent inside the tiered host, under vmtierd with a [vm.hints] channel on its virtio-serial
+# port; checks vmtierd's view in `vmtierctl status` (docs/guest-agent.md). Nested TCG is slow:
+# about 15 min. AGENT_NESTED_SECS is the agent's run time in the guest (guest seconds).
+AGENT_NESTED_SECS ?= 60
+.PHONY: agent-nested
+agent-nested: build
+	tests/testbed/run --quiet --timeout 2400 -- $(CURDIR)/tests/testbed/agent-nested $(AGENT_NESTED_SECS); \
+	rc=$$?; run=$$(ls -td $(TARGET)/testbed/runs/*/ | head -n 1); \
+	sed -n '/^after /p;/^--- /,/^agent-nested: /p' $$run/console.log | grep -v '^\[ *[0-9.]*\]'; exit $$rc

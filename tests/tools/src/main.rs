@@ -2,6 +2,7 @@
 //! `ok - NAME: detail` or `not ok - NAME: detail` per assertion and exits non-zero if any
 //! failed.
 
+mod agent;
 mod bench_e2e;
 mod check;
 mod daemon;
@@ -69,6 +70,10 @@ enum Cmd {
     /// vmtierd with guest hints: a hinted VM against an unhinted twin (ticks to place the
     /// hot set), or (`--evil`) a malicious hint sender beside a normal VM.
     Hints(hints::HintsArgs),
+    /// Inside the tiered host: the guest agent marks known buffers and snapshots on request.
+    AgentGuest(agent::GuestArgs),
+    /// On the machine: runs the testbed with the agent port and checks the agent's frames.
+    AgentHost(agent::HostArgs),
 }
 
 fn main() -> ExitCode {
@@ -89,6 +94,8 @@ fn main() -> ExitCode {
         Cmd::Soak(a) => soak::run(&mut c, &a),
         Cmd::Libvirt(a) => libvirt::run(&mut c, &a),
         Cmd::Hints(a) => hints::run(&mut c, &a),
+        Cmd::AgentGuest(a) => agent::guest(&mut c, &a),
+        Cmd::AgentHost(a) => agent::host(&mut c, &a),
     }
     c.finish()
 }

@@ -1,0 +1,6 @@
+//! Hint sources inside the guest, each optional and probed.
+
+pub mod damon;
+pub mod free;
+pub mod pmu;
+pub mod process;
