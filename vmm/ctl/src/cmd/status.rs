@@ -92,10 +92,11 @@ fn render_hints(h: &vmtier_daemon::hints::HintStatus) -> String {
         (false, Some(e)) => format!("not connected ({e})"),
         (false, None) => "not connected".to_string(),
     };
-    let agent = if h.agent.is_empty() {
-        "no HELLO yet".to_string()
-    } else {
-        format!("agent {:?} v{}", h.agent, h.version)
+    // Version 0: no session now (before a HELLO, after a BYE or a reconnect).
+    let agent = match (h.agent.is_empty(), h.version) {
+        (true, _) => "no HELLO yet".to_string(),
+        (false, 0) => format!("agent {:?}, no session (said BYE or reconnecting)", h.agent),
+        (false, v) => format!("agent {:?} v{v}", h.agent),
     };
     let trust: Vec<String> = h
         .trust
