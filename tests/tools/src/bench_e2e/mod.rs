@@ -373,6 +373,8 @@ struct Window {
     hot_frac: Vec<f64>,
     node0_free: Vec<u64>,
     ticks: Vec<Option<u64>>,
+    /// The manager's CPU seconds at each sample.
+    cpu: Vec<Option<f64>>,
     /// (second, sample index) when 90% of the hot memory was first in DRAM.
     reached: Option<(f64, usize)>,
     /// Seconds from the shift until 90% of the new hot memory was in DRAM.
@@ -478,6 +480,7 @@ fn measure(
         w.hot_frac.push((frac * 1000.0).round() / 1000.0);
         w.node0_free.push(host::node_free(0));
         w.ticks.push(ticks);
+        w.cpu.push(m.cpu_seconds());
         if el.as_secs() >= secs {
             break;
         }
@@ -621,6 +624,27 @@ fn run_one(
         }
         _ => (None, None),
     };
+    // CPU per tick over the last 15 s of the window, when the hot set has long settled
+    // (migration copies are charged to vmtierd's system time, so the whole-window figure
+    // is mostly the copying of the first ticks).
+    let steady_ms_per_tick = {
+        let from = w
+            .t_s
+            .iter()
+            .position(|&t| t >= w.t_s.last().copied().unwrap_or(0.0) - 15.0);
+        let pair = |i: usize| Some((w.cpu.get(i).copied()??, w.ticks.get(i).copied()??));
+        match (
+            from.and_then(pair),
+            w.t_s.len().checked_sub(1).and_then(pair),
+        ) {
+            (Some((c0, t0)), Some((c1, t1))) if t1 > t0 => {
+                #[allow(clippy::cast_precision_loss)]
+                let ms = (c1 - c0) / (t1 - t0) as f64 * 1e3;
+                Some(round1(ms))
+            }
+            _ => None,
+        }
+    };
     let ticks_at_90 = w
         .reached
         .and_then(|(_, i)| w.ticks.get(i).copied().flatten());
@@ -652,6 +676,7 @@ fn run_one(
         "kdamond_cpu_s": (kdamond_s * 1000.0).round() / 1000.0,
         "ticks": ticks,
         "vmtierd_cpu_ms_per_tick": ms_per_tick.map(round1),
+        "vmtierd_cpu_ms_per_tick_last_15s": steady_ms_per_tick,
         "vmtierd_cpu_pct_core_per_64gib_at_1s": pct_64g.map(|x| (x * 100.0).round() / 100.0),
         "emulated": cx.emulated,
         "ram_policy": a.policy,
@@ -668,7 +693,7 @@ fn run_one(
 fn print_table(rows: &[Value]) {
     println!();
     println!(
-        "{:<22} {:>7} {:>7} {:>7} {:>7} {:>8} {:>8} {:>8} {:>9} {:>9} {:>8} {:>9} {:>5}",
+        "{:<22} {:>7} {:>7} {:>7} {:>7} {:>8} {:>8} {:>8} {:>9} {:>9} {:>8} {:>9} {:>7} {:>5}",
         "run",
         "start s",
         "s→90%",
@@ -681,12 +706,13 @@ fn print_table(rows: &[Value]) {
         "pingpong",
         "in scan",
         "ms/tick",
+        "steady",
         "bad"
     );
     let opt = |r: &Value, k: &str| r[k].as_f64().map_or("-".to_owned(), |v| format!("{v}"));
     for r in rows {
         println!(
-            "{:<22} {:>7} {:>7} {:>7} {:>7} {:>7.1}% {:>4.1} MiB {:>4.1} MiB {:>9} {:>9} {:>8} {:>9} {:>5}",
+            "{:<22} {:>7} {:>7} {:>7} {:>7} {:>7.1}% {:>4.1} MiB {:>4.1} MiB {:>9} {:>9} {:>8} {:>9} {:>7} {:>5}",
             format!(
                 "{}/{}/{}",
                 r["shape"].as_str().unwrap_or(""),
@@ -704,6 +730,7 @@ fn print_table(rows: &[Value]) {
             r["pages_pingponged"].as_u64().unwrap_or(0),
             opt(r, "pages_migrated_in_scan"),
             opt(r, "vmtierd_cpu_ms_per_tick"),
+            opt(r, "vmtierd_cpu_ms_per_tick_last_15s"),
             r["guest_corrupted_words"]
         );
     }
