@@ -9,9 +9,12 @@ use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 use vmtier_core::policy::TrackingSource;
-use vmtier_core::{ByteSize, GranuleSize, HostVirtAddr, NodeId, ProcessId, VmId};
+use vmtier_core::{GranuleSize, NodeId, VmId};
 use vmtier_migrate::kmod::CopyEngine;
 use vmtier_sources::Choice;
+
+/// `[[vm]]` tables are the API's VM descriptions (an `attach` request carries one).
+pub use vmtier_api::vm::{RangeConfig, VmConfig, MAX_ADDRESS, MAX_BUDGET};
 
 /// `interval_ms`: 10 ms to 1 hour.
 pub const INTERVAL_MS: RangeInclusive<u64> = 10..=3_600_000;
@@ -24,11 +27,6 @@ pub const REFRESH_TICKS: RangeInclusive<u64> = 0..=1_000_000;
 pub const KMOD_WORKERS: RangeInclusive<u64> = 0..=vmtier_migrate::uapi::MAX_WORKERS;
 /// Node ids: the kernel's largest `MAX_NUMNODES` (`CONFIG_NODES_SHIFT` = 10).
 pub const MAX_NODES: u32 = 1024;
-/// Largest budget: 1 PiB.
-pub const MAX_BUDGET: u64 = 1 << 50;
-/// End of the highest range a process can have: no Linux user address space reaches past
-/// 2^57 bytes (x86-64 with 5-level page tables stops at 2^56).
-pub const MAX_ADDRESS: u64 = 1 << 57;
 /// Longest control socket path: `sun_path` holds 108 bytes with the terminating NUL.
 pub const MAX_SOCKET_PATH: usize = 107;
 
@@ -125,94 +123,6 @@ impl Default for DaemonConfig {
             migrator: MigratorChoice::Auto,
             kmod_engine: CopyEngine::Auto,
             kmod_workers: 0,
-        }
-    }
-}
-
-/// A host virtual range of a plain process (`ranges = [{ start = "0x7f...", len = "64M" }]`).
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct RangeConfig {
-    /// First address, as a `0x` hex string or an integer.
-    #[serde(with = "hex_addr")]
-    pub start: HostVirtAddr,
-    /// Length.
-    pub len: ByteSize,
-}
-
-/// One managed VM (`[[vm]]`). Exactly one of `qmp` or `pid` says how to reach it.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct VmConfig {
-    /// Name used by vmtierctl and in metrics.
-    pub name: VmId,
-    /// DRAM the VM may use.
-    pub budget: ByteSize,
-    /// QEMU's QMP unix socket.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub qmp: Option<PathBuf>,
-    /// With `qmp`: QEMU's pid, when the socket is served by a proxy (otherwise the pid is
-    /// the socket peer's). Without `qmp`: a plain process whose `ranges` are managed as if
-    /// they were guest RAM.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub pid: Option<ProcessId>,
-    /// With `pid`: the ranges to manage.
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub ranges: Vec<RangeConfig>,
-}
-
-impl VmConfig {
-    /// Checks the backend choice, the pid, the budget and the ranges.
-    pub fn validate(&self) -> Result<(), Error> {
-        let name = &self.name;
-        let invalid = |what: String| Err(Error::Invalid(format!("VM {name}: {what}")));
-        if self.budget.0 > MAX_BUDGET {
-            return invalid(format!(
-                "budget {} is above the largest, {}",
-                self.budget,
-                ByteSize(MAX_BUDGET)
-            ));
-        }
-        if let Some(pid) = self.pid.filter(|p| p.raw() <= 0) {
-            // 0 would mean vmtierd itself to move_pages(2) and the module.
-            return invalid(format!("pid {pid} is not a process id (pids are positive)"));
-        }
-        let mut spans = Vec::with_capacity(self.ranges.len());
-        for r in &self.ranges {
-            let (start, len) = (r.start.raw(), r.len.0);
-            if len == 0 || start % 4096 != 0 || len % 4096 != 0 {
-                return invalid(format!(
-                    "range {} (+{}) is empty or not 4 KiB aligned",
-                    r.start, r.len
-                ));
-            }
-            let Some(end) = start.checked_add(len).filter(|&e| e <= MAX_ADDRESS) else {
-                return invalid(format!(
-                    "range {} (+{}) ends beyond any process's address space ({:#x})",
-                    r.start, r.len, MAX_ADDRESS
-                ));
-            };
-            spans.push((start, end));
-        }
-        spans.sort_unstable();
-        if let Some(w) = spans.windows(2).find(|w| w[1].0 < w[0].1) {
-            return invalid(format!(
-                "ranges at {} and {} overlap",
-                HostVirtAddr::new(w[0].0),
-                HostVirtAddr::new(w[1].0)
-            ));
-        }
-        match (&self.qmp, self.pid, self.ranges.is_empty()) {
-            (Some(_), _, true) | (None, Some(_), false) => Ok(()),
-            (Some(_), _, false) => Err(Error::Invalid(format!(
-                "VM {name}: ranges go with pid alone, not with qmp"
-            ))),
-            (None, Some(_), true) => Err(Error::Invalid(format!(
-                "VM {name}: pid needs ranges (or give qmp)"
-            ))),
-            (None, None, _) => Err(Error::Invalid(format!(
-                "VM {name}: give qmp (a QEMU QMP socket) or pid + ranges"
-            ))),
         }
     }
 }
@@ -314,7 +224,10 @@ impl Config {
         if let Some(w) = names.windows(2).find(|w| w[0] == w[1]) {
             return Err(Error::Invalid(format!("VM {} is configured twice", w[0])));
         }
-        self.vms.iter().try_for_each(VmConfig::validate)
+        self.vms.iter().try_for_each(|v| {
+            v.validate()
+                .map_err(|vmtier_api::vm::Error::Invalid(reason)| Error::Invalid(reason))
+        })
     }
 }
 
@@ -350,40 +263,10 @@ fn flat(s: &str) -> String {
     out
 }
 
-/// Addresses as `"0x7f..."` strings (or plain integers) in TOML.
-mod hex_addr {
-    use serde::{de, Deserialize, Deserializer, Serializer};
-    use vmtier_core::HostVirtAddr;
-
-    #[derive(Deserialize)]
-    #[serde(untagged)]
-    enum Repr {
-        Int(u64),
-        Text(String),
-    }
-
-    pub fn serialize<S: Serializer>(a: &HostVirtAddr, s: S) -> Result<S::Ok, S::Error> {
-        s.serialize_str(&a.to_string())
-    }
-
-    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<HostVirtAddr, D::Error> {
-        match Repr::deserialize(d)? {
-            Repr::Int(v) => Ok(HostVirtAddr::new(v)),
-            Repr::Text(t) => {
-                let hex = t.strip_prefix("0x").ok_or_else(|| {
-                    de::Error::custom(format!("address {t:?} must start with 0x"))
-                })?;
-                u64::from_str_radix(hex, 16)
-                    .map(HostVirtAddr::new)
-                    .map_err(|_| de::Error::custom(format!("address {t:?} is not hexadecimal")))
-            }
-        }
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use vmtier_core::{ByteSize, HostVirtAddr};
 
     #[test]
     fn full_example_parses() {

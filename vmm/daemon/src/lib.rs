@@ -2,12 +2,14 @@
 //!
 //! - [`config`]: the TOML configuration.
 //! - [`engine`]: the tick loop — sources → hotness store → policy → migrator.
-//! - [`proto`]: the control API's requests and replies (shared with vmtierctl).
+//! - [`proto`]: the control API's requests and replies, from the vmtier-api crate (shared
+//!   with vmtierctl and the HTTP API).
 //! - [`server`]: the unix-socket server that hands requests to the engine between ticks.
 //! - [`parts`]: builds a VM's backend, hotness source and policy from its configuration.
 
 pub mod config;
 pub mod engine;
 pub mod parts;
-pub mod proto;
 pub mod server;
+
+pub use vmtier_api::proto;

@@ -2,9 +2,9 @@
 
 use std::path::PathBuf;
 
+use vmtier_api::proto::Request;
+use vmtier_api::vm::{RangeConfig, VmConfig};
 use vmtier_core::{ByteSize, HostVirtAddr, ProcessId, VmId};
-use vmtier_daemon::config::{RangeConfig, VmConfig};
-use vmtier_daemon::proto::Request;
 
 use crate::client::{Client, Error};
 

@@ -1,7 +1,7 @@
 //! `vmtierctl status VM`.
 
+use vmtier_api::proto::{Reply, Request, VmStatus};
 use vmtier_core::{ByteSize, VmId};
-use vmtier_daemon::proto::{Reply, Request, VmStatus};
 
 use crate::client::{Client, Error};
 
@@ -84,7 +84,7 @@ pub fn render(s: &VmStatus) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use vmtier_daemon::proto::{VmMetrics, VmSummary};
+    use vmtier_api::proto::{VmMetrics, VmSummary};
 
     #[test]
     fn failures_are_shown() {

@@ -11,7 +11,7 @@
 use serde::{Deserialize, Serialize};
 use vmtier_core::{ByteSize, NodeId, VmId};
 
-use crate::config::{self, VmConfig};
+use crate::vm::{self, VmConfig};
 
 /// Longest request line in bytes, without its newline. The server never buffers more.
 pub const MAX_REQUEST_LINE: usize = 64 << 10;
@@ -31,8 +31,8 @@ pub enum DecodeError {
 }
 
 /// Decodes one request line (without its newline): `Ok(None)` for a blank line, else the
-/// request, checked as the configuration is (a VM to attach must be a valid `[[vm]]`, a
-/// budget at most [`config::MAX_BUDGET`]). The server calls it for every line it reads; the
+/// request, checked as the daemon's configuration is (a VM to attach must be a valid `[[vm]]`, a
+/// budget at most [`vm::MAX_BUDGET`]). The server calls it for every line it reads; the
 /// `control` fuzz target calls it with arbitrary bytes. Never panics, allocates in
 /// proportion to the line.
 pub fn decode_request(line: &[u8]) -> Result<Option<Request>, DecodeError> {
@@ -44,14 +44,13 @@ pub fn decode_request(line: &[u8]) -> Result<Option<Request>, DecodeError> {
     }
     let req: Request = serde_json::from_slice(line).map_err(DecodeError::Json)?;
     match &req {
-        Request::Attach { vm } => vm.validate().map_err(|e| match e {
-            config::Error::Invalid(reason) => DecodeError::Invalid(reason),
-            e => DecodeError::Invalid(e.to_string()),
-        })?,
-        Request::SetBudget { vm, budget } if budget.0 > config::MAX_BUDGET => {
+        Request::Attach { vm } => vm
+            .validate()
+            .map_err(|vm::Error::Invalid(reason)| DecodeError::Invalid(reason))?,
+        Request::SetBudget { vm, budget } if budget.0 > vm::MAX_BUDGET => {
             return Err(DecodeError::Invalid(format!(
                 "budget {budget} for {vm} is above the largest, {}",
-                ByteSize(config::MAX_BUDGET)
+                ByteSize(vm::MAX_BUDGET)
             )));
         }
         _ => {}
