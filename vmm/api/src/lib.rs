@@ -8,5 +8,8 @@
 pub mod proto;
 pub mod vm;
 
-pub use proto::{NodeBytes, Reply, Request, Response, VmMetrics, VmStatus, VmSummary};
+pub use proto::{
+    ApiError, DaemonMetrics, Health, Message, NodeBytes, Reply, Request, Response, TickHistogram,
+    Tiering, TieringChange, VmList, VmMetrics, VmStatus, VmSummary,
+};
 pub use vm::{RangeConfig, VmConfig};

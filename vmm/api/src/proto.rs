@@ -43,7 +43,14 @@ pub fn decode_request(line: &[u8]) -> Result<Option<Request>, DecodeError> {
         return Ok(None);
     }
     let req: Request = serde_json::from_slice(line).map_err(DecodeError::Json)?;
-    match &req {
+    check_request(&req)?;
+    Ok(Some(req))
+}
+
+/// Checks a decoded request as the configuration is checked; the control socket
+/// ([`decode_request`]) and the HTTP API call it for every request.
+pub fn check_request(req: &Request) -> Result<(), DecodeError> {
+    match req {
         Request::Attach { vm } => vm
             .validate()
             .map_err(|vm::Error::Invalid(reason)| DecodeError::Invalid(reason))?,
@@ -53,9 +60,23 @@ pub fn decode_request(line: &[u8]) -> Result<Option<Request>, DecodeError> {
                 ByteSize(vm::MAX_BUDGET)
             )));
         }
+        Request::SetTiering { vm, change } => match change.budget {
+            Some(budget) if budget.0 > vm::MAX_BUDGET => {
+                return Err(DecodeError::Invalid(format!(
+                    "budget {budget} for {vm} is above the largest, {}",
+                    ByteSize(vm::MAX_BUDGET)
+                )));
+            }
+            _ if change.is_empty() => {
+                return Err(DecodeError::Invalid(format!(
+                    "nothing to change for {vm}: give budget, policy, params or enabled"
+                )));
+            }
+            _ => {}
+        },
         _ => {}
     }
-    Ok(Some(req))
+    Ok(())
 }
 
 /// A request.
@@ -86,6 +107,20 @@ pub enum Request {
         /// The VM.
         vm: VmId,
     },
+    /// A VM's tiering settings.
+    Tiering {
+        /// The VM.
+        vm: VmId,
+    },
+    /// Changes a VM's tiering settings, all or nothing; omitted fields keep their value.
+    SetTiering {
+        /// The VM.
+        vm: VmId,
+        /// The change.
+        change: TieringChange,
+    },
+    /// Every VM's status and the daemon's tick statistics, for `/metrics`.
+    Metrics {},
 }
 
 /// A response: `{"ok": Reply}` or `{"error": "message"}`.
@@ -114,6 +149,138 @@ pub enum Reply {
         /// What was done.
         message: String,
     },
+    /// For `tiering` and `set-tiering` (the settings after the change).
+    Tiering(Tiering),
+    /// For `metrics`.
+    Metrics(Box<DaemonMetrics>),
+}
+
+/// A VM's tiering settings.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Tiering {
+    /// DRAM budget, bytes.
+    pub budget_bytes: u64,
+    /// Placement policy in use.
+    pub policy: String,
+    /// The policy's parameters as last set through the API; `null`: the daemon's
+    /// `[daemon.policy_params]` (or the policy's defaults).
+    pub params: Option<serde_json::Map<String, serde_json::Value>>,
+    /// Whether ticks place the VM's memory; a disabled VM's pages stay where they are.
+    pub enabled: bool,
+}
+
+/// A change of tiering settings (`set-tiering`); every field is optional, at least one is
+/// given. A new `policy` starts without state, with `params` (or its defaults); `params`
+/// alone rebuilds the current policy with them.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TieringChange {
+    /// New DRAM budget.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub budget: Option<ByteSize>,
+    /// New placement policy (a name from the registry).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub policy: Option<String>,
+    /// The policy's parameters, as in `[daemon.policy_params]`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub params: Option<serde_json::Map<String, serde_json::Value>>,
+    /// Start (`true`) or pause (`false`) placing the VM's memory.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub enabled: Option<bool>,
+}
+
+impl TieringChange {
+    /// Whether nothing would change.
+    pub fn is_empty(&self) -> bool {
+        self == &Self::default()
+    }
+}
+
+/// `GET /v1/health`: the engine answered.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Health {
+    /// `ok`.
+    pub status: String,
+    /// vmtierd's version.
+    pub version: String,
+    /// VMs managed (any state).
+    pub vms: u64,
+    /// VMs no longer managed because of an error (`failed: ...`).
+    pub failed: u64,
+    /// Time the engine took to answer, microseconds.
+    pub engine_latency_us: u64,
+}
+
+/// `GET /v1/vms`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct VmList {
+    /// One entry per VM.
+    pub vms: Vec<VmSummary>,
+}
+
+/// What a change (attach, detach) did, or why a request failed.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Message {
+    /// What was done.
+    pub message: String,
+}
+
+/// An HTTP API error body.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ApiError {
+    /// Why; nothing changed.
+    pub error: String,
+}
+
+/// Upper bounds of the tick duration histogram's buckets, seconds (`+Inf` is implied).
+pub const TICK_BUCKETS_S: [f64; 12] = [
+    0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0,
+];
+
+/// Durations of whole engine ticks (all VMs), in the buckets of [`TICK_BUCKETS_S`].
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct TickHistogram {
+    /// Ticks per bucket, not cumulative: `counts[i]` took at most `TICK_BUCKETS_S[i]`
+    /// and more than the bucket before; the last entry counts the longer ones.
+    pub counts: Vec<u64>,
+    /// Sum of all tick durations, seconds.
+    pub sum_seconds: f64,
+    /// Ticks.
+    pub count: u64,
+}
+
+impl TickHistogram {
+    /// Counts one tick of `seconds`.
+    pub fn observe(&mut self, seconds: f64) {
+        if self.counts.len() != TICK_BUCKETS_S.len() + 1 {
+            self.counts = vec![0; TICK_BUCKETS_S.len() + 1];
+        }
+        let i = TICK_BUCKETS_S
+            .iter()
+            .position(|&b| seconds <= b)
+            .unwrap_or(TICK_BUCKETS_S.len());
+        self.counts[i] = self.counts[i].saturating_add(1);
+        self.sum_seconds += seconds;
+        self.count = self.count.saturating_add(1);
+    }
+}
+
+/// What `metrics` returns: a snapshot taken between ticks.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct DaemonMetrics {
+    /// Every managed VM's status (failed ones too).
+    pub vms: Vec<VmStatus>,
+    /// VMs whose tiering is paused (`enabled: false`).
+    pub disabled: Vec<VmId>,
+    /// Tick durations.
+    pub ticks: TickHistogram,
 }
 
 /// One VM in `list`.

@@ -53,6 +53,52 @@ pub struct Config {
     /// VMs managed from the start (`[[vm]]`); more can be attached at runtime.
     #[serde(rename = "vm")]
     pub vms: Vec<VmConfig>,
+    /// The HTTP API and `/metrics` (`[api]`).
+    pub api: ApiConfig,
+}
+
+/// `[api]`: the HTTP API (docs/api.md). Served on a unix socket (mode 0600, like the control
+/// socket) unless disabled; on TCP only when `listen` is set, and then only to requests that
+/// carry the bearer token of `token_file`.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct ApiConfig {
+    /// Serve the HTTP API at all. Default true.
+    pub enable: bool,
+    /// Unix socket of the HTTP API. Default `/run/vmtier/api.sock`.
+    pub socket: PathBuf,
+    /// Also listen on this TCP address (`"127.0.0.1:9464"`); requires `token_file`.
+    /// Default: none.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub listen: Option<std::net::SocketAddr>,
+    /// File holding the bearer token TCP clients must send (`Authorization: Bearer ...`):
+    /// one line of 16 to 4096 printable characters, readable by vmtierd's user only.
+    /// Default: none.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub token_file: Option<PathBuf>,
+    /// Largest request body, bytes (larger: 413). 1 KiB to 1 MiB. Default 64 KiB.
+    pub max_body_bytes: u64,
+    /// Requests per second over all clients, with bursts of as many (more: 429). 1 to
+    /// 10000. Default 50.
+    pub rate_limit_per_s: u32,
+}
+
+/// `[api] max_body_bytes`: 1 KiB to 1 MiB.
+pub const API_MAX_BODY: RangeInclusive<u64> = 1024..=(1 << 20);
+/// `[api] rate_limit_per_s`: 1 to 10000.
+pub const API_RATE: RangeInclusive<u64> = 1..=10_000;
+
+impl Default for ApiConfig {
+    fn default() -> Self {
+        Self {
+            enable: true,
+            socket: PathBuf::from("/run/vmtier/api.sock"),
+            listen: None,
+            token_file: None,
+            max_body_bytes: 64 << 10,
+            rate_limit_per_s: 50,
+        }
+    }
 }
 
 /// `[daemon]`.
@@ -155,7 +201,7 @@ impl Config {
 
     fn validate(&self) -> Result<(), Error> {
         let d = &self.daemon;
-        let bounds: [(&str, u64, RangeInclusive<u64>, &str); 4] = [
+        let bounds: [(&str, u64, RangeInclusive<u64>, &str); 6] = [
             ("interval_ms", d.interval_ms, INTERVAL_MS, " ms"),
             (
                 "rate_limit_mbps",
@@ -165,6 +211,18 @@ impl Config {
             ),
             ("refresh_ticks", d.refresh_ticks, REFRESH_TICKS, ""),
             ("kmod_workers", d.kmod_workers.into(), KMOD_WORKERS, ""),
+            (
+                "api.max_body_bytes",
+                self.api.max_body_bytes,
+                API_MAX_BODY,
+                " bytes",
+            ),
+            (
+                "api.rate_limit_per_s",
+                self.api.rate_limit_per_s.into(),
+                API_RATE,
+                "/s",
+            ),
         ];
         for (key, value, range, unit) in bounds {
             if !range.contains(&value) {
@@ -190,6 +248,18 @@ impl Config {
                 d.socket
             )));
         }
+        let api = &self.api;
+        if api.socket.file_name().is_none() || api.socket.as_os_str().len() > MAX_SOCKET_PATH {
+            return Err(Error::Invalid(format!(
+                "api.socket {:?}: give a file path of at most {MAX_SOCKET_PATH} bytes",
+                api.socket
+            )));
+        }
+        if api.enable && api.listen.is_some() && api.token_file.is_none() {
+            return Err(Error::Invalid(
+                "api.listen needs api.token_file: TCP clients must send a bearer token".into(),
+            ));
+        }
         if d.fast_node == d.slow_node {
             return Err(Error::Invalid(format!(
                 "fast_node and slow_node are both {}",
@@ -202,23 +272,7 @@ impl Config {
                 .unwrap_or_default();
             Error::Invalid(flat(&format!("{e}{detail}")))
         })?;
-        // vmtierd feeds its policy the store's records (heat from DAMON or soft-dirty);
-        // policies that plan from other observations would get none.
-        let needs = match policy.source() {
-            TrackingSource::AbitScan | TrackingSource::None => None,
-            TrackingSource::HintFaults => Some("NUMA hint faults"),
-            TrackingSource::Sampling => Some("IBS/PEBS samples"),
-            TrackingSource::DamonRegions => Some("DAMON regions"),
-            TrackingSource::SoftDirty => None,
-        };
-        if let Some(what) = needs {
-            return Err(Error::Invalid(format!(
-                "policy {} plans from {what}, which vmtierd does not feed it; it is a baseline \
-                 for vmtier-sim (vmtierd runs policies that read heat records: default, memtierd, \
-                 first-touch)",
-                policy.name()
-            )));
-        }
+        check_policy(policy.as_ref()).map_err(Error::Invalid)?;
         let mut names: Vec<&VmId> = self.vms.iter().map(|v| &v.name).collect();
         names.sort();
         if let Some(w) = names.windows(2).find(|w| w[0] == w[1]) {
@@ -229,6 +283,51 @@ impl Config {
                 .map_err(|vmtier_api::vm::Error::Invalid(reason)| Error::Invalid(reason))
         })
     }
+}
+
+/// Whether vmtierd can run `policy`: it feeds policies the store's records (heat from DAMON
+/// or soft-dirty); policies that plan from other observations would get none.
+pub fn check_policy(policy: &dyn vmtier_core::policy::PlacementPolicy) -> Result<(), String> {
+    let needs = match policy.source() {
+        TrackingSource::AbitScan | TrackingSource::None => None,
+        TrackingSource::HintFaults => Some("NUMA hint faults"),
+        TrackingSource::Sampling => Some("IBS/PEBS samples"),
+        TrackingSource::DamonRegions => Some("DAMON regions"),
+        TrackingSource::SoftDirty => None,
+    };
+    match needs {
+        None => Ok(()),
+        Some(what) => Err(format!(
+            "policy {} plans from {what}, which vmtierd does not feed it; it is a baseline \
+             for vmtier-sim (vmtierd runs policies that read heat records: default, memtierd, \
+             first-touch)",
+            policy.name()
+        )),
+    }
+}
+
+/// Builds the policy `name` with parameters given as JSON (the API's `params`), checked as
+/// `[daemon] policy` and `[daemon.policy_params]` are.
+pub fn build_policy_json(
+    name: &str,
+    params: Option<&serde_json::Map<String, serde_json::Value>>,
+) -> Result<Box<dyn vmtier_core::policy::PlacementPolicy>, String> {
+    let table = match params {
+        None => None,
+        Some(p) => match toml::Value::try_from(p) {
+            Ok(toml::Value::Table(t)) => Some(t),
+            Ok(_) => return Err("params must be an object".into()),
+            Err(e) => return Err(flat(&format!("params: {e}"))),
+        },
+    };
+    let policy = vmtier_policies::registry::build(name, table.as_ref()).map_err(|e| {
+        let detail = std::error::Error::source(&e)
+            .map(|s| format!(": {s}"))
+            .unwrap_or_default();
+        flat(&format!("{e}{detail}"))
+    })?;
+    check_policy(policy.as_ref())?;
+    Ok(policy)
 }
 
 /// A TOML error as one line: `line 2, column 1: unknown field ...`.

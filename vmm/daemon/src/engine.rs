@@ -49,6 +49,7 @@ use vmtier_core::{
 use vmtier_sources::store::{Error as StoreError, HotnessStore, StoreConfig, HISTOGRAM_BUCKETS};
 
 use crate::proto::{NodeBytes, Reply, Request, Response, VmMetrics, VmStatus, VmSummary};
+use vmtier_api::proto::{DaemonMetrics, TickHistogram, Tiering, TieringChange};
 
 /// Error of an engine operation (an API request or an attach).
 #[derive(Debug, thiserror::Error)]
@@ -84,6 +85,9 @@ pub enum Error {
     /// Where the VM's pages are could not be read.
     #[error("Cannot locate the pages of {0}")]
     Locate(VmId, #[source] MigrateError),
+    /// A tiering change was refused; nothing changed.
+    #[error("Cannot change the tiering of {0}: {1}")]
+    Tiering(VmId, String),
 }
 
 /// Why a VM stopped being managed during a tick.
@@ -272,6 +276,10 @@ struct Vm {
     retries: BTreeMap<Granule, Retry>,
     /// When a tick longer than the interval was last logged.
     slow_tick_logged: Option<Instant>,
+    /// Whether ticks place its memory (the API may pause it).
+    enabled: bool,
+    /// The policy's parameters as last set through the API.
+    params: Option<serde_json::Map<String, serde_json::Value>>,
 }
 
 impl Vm {
@@ -279,6 +287,7 @@ impl Vm {
         match (&self.failed, self.problems.describe()) {
             (Some(why), _) => format!("failed: {why}"),
             (None, Some(p)) => format!("degraded: {p}"),
+            (None, None) if !self.enabled => "paused".into(),
             (None, None) => "active".into(),
         }
     }
@@ -290,6 +299,8 @@ pub struct Engine {
     vms: BTreeMap<VmId, Vm>,
     migrator: Box<dyn Migrator>,
     locator: Box<dyn PageLocator>,
+    /// Durations of whole ticks.
+    tick_hist: TickHistogram,
 }
 
 impl std::fmt::Debug for Engine {
@@ -313,6 +324,7 @@ impl Engine {
             vms: BTreeMap::new(),
             migrator,
             locator,
+            tick_hist: TickHistogram::default(),
         }
     }
 
@@ -384,6 +396,8 @@ impl Engine {
             reports: Vec::new(),
             retries: BTreeMap::new(),
             slow_tick_logged: None,
+            enabled: true,
+            params: None,
         };
         self.migrator.add_layout(&vm.layout);
         if let Err(e) = refresh_placement(&self.cfg, self.locator.as_mut(), &mut vm) {
@@ -430,10 +444,11 @@ impl Engine {
 
     /// Runs one tick over every VM still managed.
     pub fn tick(&mut self) {
+        let started = Instant::now();
         let active = self
             .vms
             .values()
-            .filter(|v| v.failed.is_none())
+            .filter(|v| v.failed.is_none() && v.enabled)
             .count()
             .max(1) as u64;
         let tick_s = self.cfg.interval.as_secs_f64();
@@ -447,7 +462,7 @@ impl Engine {
         // Each VM's share of the interval; moves beyond it wait for the next tick.
         let share = self.cfg.interval / u32::try_from(active).unwrap_or(u32::MAX).max(1);
         for (name, vm) in &mut self.vms {
-            if vm.failed.is_some() {
+            if vm.failed.is_some() || !vm.enabled {
                 continue;
             }
             let t = Instant::now();
@@ -480,6 +495,85 @@ impl Engine {
                 );
                 vm.slow_tick_logged = Some(Instant::now());
             }
+        }
+        self.tick_hist.observe(started.elapsed().as_secs_f64());
+    }
+
+    /// A VM's tiering settings.
+    pub fn tiering(&self, name: &VmId) -> Result<Tiering, Error> {
+        let vm = self
+            .vms
+            .get(name)
+            .ok_or_else(|| Error::NoSuchVm(name.clone()))?;
+        Ok(Tiering {
+            budget_bytes: vm.budget_bytes,
+            policy: vm.parts.policy.name().into(),
+            params: vm.params.clone(),
+            enabled: vm.enabled,
+        })
+    }
+
+    /// Changes a VM's tiering settings: everything is checked (and a new policy built)
+    /// before anything changes. A new policy starts without state.
+    pub fn set_tiering(&mut self, name: &VmId, change: TieringChange) -> Result<Tiering, Error> {
+        if let Some(b) = change.budget {
+            self.check_budget(name, b)?;
+        }
+        let vm = self
+            .vms
+            .get_mut(name)
+            .ok_or_else(|| Error::NoSuchVm(name.clone()))?;
+        let policy = match (&change.policy, &change.params) {
+            (None, None) => None,
+            (p, params) => {
+                let which = p.as_deref().unwrap_or(vm.parts.policy.name());
+                let built = crate::config::build_policy_json(which, params.as_ref())
+                    .map_err(|why| Error::Tiering(name.clone(), why))?;
+                Some(built)
+            }
+        };
+        if let Some(b) = change.budget {
+            info!("{name}: budget {} -> {b}", ByteSize(vm.budget_bytes));
+            vm.budget_bytes = b.0;
+        }
+        if let Some(p) = policy {
+            info!(
+                "{name}: policy {} -> {} ({})",
+                vm.parts.policy.name(),
+                p.name(),
+                if change.params.is_some() {
+                    "parameters set"
+                } else {
+                    "its defaults"
+                }
+            );
+            vm.parts.policy = p;
+            vm.params = change.params;
+        }
+        if let Some(on) = change.enabled {
+            if on != vm.enabled {
+                info!("{name}: tiering {}", if on { "resumed" } else { "paused" });
+            }
+            vm.enabled = on;
+        }
+        self.tiering(name)
+    }
+
+    /// Every VM's status and the tick statistics.
+    pub fn metrics(&self) -> DaemonMetrics {
+        DaemonMetrics {
+            vms: self
+                .vms
+                .keys()
+                .filter_map(|n| self.status(n).ok())
+                .collect(),
+            disabled: self
+                .vms
+                .iter()
+                .filter(|(_, v)| !v.enabled)
+                .map(|(n, _)| n.clone())
+                .collect(),
+            ticks: self.tick_hist.clone(),
         }
     }
 
@@ -522,6 +616,9 @@ impl Engine {
                 .set_budget(&vm, budget)
                 .map(|message| Reply::Done { message }),
             Request::Detach { vm } => self.detach(&vm).map(|message| Reply::Done { message }),
+            Request::Tiering { vm } => self.tiering(&vm).map(Reply::Tiering),
+            Request::SetTiering { vm, change } => self.set_tiering(&vm, change).map(Reply::Tiering),
+            Request::Metrics {} => Ok(Reply::Metrics(Box::new(self.metrics()))),
             Request::Attach { vm } => match vm
                 .validate()
                 .map_err(|e| e.to_string())

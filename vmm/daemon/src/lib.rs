@@ -5,10 +5,14 @@
 //! - [`proto`]: the control API's requests and replies, from the vmtier-api crate (shared
 //!   with vmtierctl and the HTTP API).
 //! - [`server`]: the unix-socket server that hands requests to the engine between ticks.
+//! - [`http`]: the HTTP API (axum), which hands requests to the engine the same way.
+//! - [`metrics`]: `/metrics`, the engine's counters in the Prometheus text format.
 //! - [`parts`]: builds a VM's backend, hotness source and policy from its configuration.
 
 pub mod config;
 pub mod engine;
+pub mod http;
+pub mod metrics;
 pub mod parts;
 pub mod server;
 
