@@ -536,11 +536,11 @@ fn router(app: App, limits: &Limits, token: Option<Arc<str>>) -> Router {
 pub(crate) mod tests {
     use super::*;
     use axum::body::Body;
-    use tower::ServiceExt;
+    pub(super) use tower::ServiceExt;
     use vmtier_api::proto::{Tiering, VmMetrics, VmStatus, VmSummary};
 
     /// An engine thread that knows one VM, `web1`, and records the requests it gets.
-    fn fake_engine() -> (Sender<Call>, Arc<Mutex<Vec<Request>>>) {
+    pub(super) fn fake_engine() -> (Sender<Call>, Arc<Mutex<Vec<Request>>>) {
         let (tx, rx) = mpsc::channel::<Call>();
         let seen = Arc::new(Mutex::new(Vec::new()));
         let log = Arc::clone(&seen);
@@ -664,6 +664,10 @@ pub(crate) mod tests {
             .enable_all()
             .build()
             .unwrap()
+    }
+
+    pub(super) fn limits_for_test() -> Limits {
+        limits(1000)
     }
 
     fn limits(rate: u32) -> Limits {
@@ -962,5 +966,304 @@ pub(crate) mod tests {
             refusal_status(&crate::engine::Error::Exists(a).to_string()),
             StatusCode::CONFLICT
         );
+    }
+}
+
+/// docs/openapi.yaml against the router: the same routes and methods, and every answer of
+/// the handlers (to requests that reach each route, with every status they give) fits the
+/// schema the document gives for that status.
+#[cfg(test)]
+mod openapi {
+    use super::tests::*;
+    use super::*;
+    use serde_json::Value;
+
+    const DOC: &str = include_str!("../../../docs/openapi.yaml");
+
+    fn doc() -> Value {
+        serde_yaml_ng::from_str(DOC).expect("docs/openapi.yaml parses")
+    }
+
+    /// Follows a `$ref` within the document.
+    fn resolve<'a>(doc: &'a Value, v: &'a Value) -> &'a Value {
+        match v.get("$ref").and_then(Value::as_str) {
+            Some(r) => {
+                let ptr = r.strip_prefix('#').expect("local $ref");
+                resolve(
+                    doc,
+                    doc.pointer(ptr).unwrap_or_else(|| panic!("{r} exists")),
+                )
+            }
+            None => v,
+        }
+    }
+
+    /// Checks `v` against `schema` (the subset of OpenAPI 3.0 schemas the document uses;
+    /// an unknown keyword fails the test so that it cannot be silently ignored).
+    fn validate(doc: &Value, schema: &Value, v: &Value, at: &str) -> Result<(), String> {
+        let s = resolve(doc, schema);
+        let obj = s
+            .as_object()
+            .ok_or(format!("{at}: schema is not an object"))?;
+        for key in obj.keys() {
+            let known = [
+                "type",
+                "properties",
+                "required",
+                "additionalProperties",
+                "items",
+                "enum",
+                "minimum",
+                "maximum",
+                "oneOf",
+                "nullable",
+                "description",
+                "example",
+                "pattern",
+                "minProperties",
+            ];
+            if !known.contains(&key.as_str()) {
+                return Err(format!(
+                    "{at}: schema keyword {key} not supported by this test"
+                ));
+            }
+        }
+        if v.is_null() && s.get("nullable") == Some(&Value::Bool(true)) {
+            return Ok(());
+        }
+        if let Some(alts) = s.get("oneOf").and_then(Value::as_array) {
+            let fits = alts
+                .iter()
+                .filter(|a| validate(doc, a, v, at).is_ok())
+                .count();
+            return if fits == 1 {
+                Ok(())
+            } else {
+                Err(format!("{at}: {v} fits {fits} of oneOf"))
+            };
+        }
+        let ty = s.get("type").and_then(Value::as_str);
+        let ok = match ty {
+            Some("object") => v.is_object(),
+            Some("array") => v.is_array(),
+            Some("string") => v.is_string(),
+            Some("integer") => v.is_u64() || v.is_i64(),
+            Some("number") => v.is_number(),
+            Some("boolean") => v.is_boolean(),
+            None => true,
+            Some(t) => return Err(format!("{at}: type {t}?")),
+        };
+        if !ok {
+            return Err(format!("{at}: {v} is not {ty:?}"));
+        }
+        if let Some(e) = s.get("enum").and_then(Value::as_array) {
+            if !e.contains(v) {
+                return Err(format!("{at}: {v} not in {e:?}"));
+            }
+        }
+        if let (Some(min), Some(n)) = (s.get("minimum").and_then(Value::as_i64), v.as_i64()) {
+            if n < min {
+                return Err(format!("{at}: {n} < {min}"));
+            }
+        }
+        if let Some(m) = v.as_object() {
+            let props = s.get("properties").and_then(Value::as_object);
+            for r in s
+                .get("required")
+                .and_then(Value::as_array)
+                .into_iter()
+                .flatten()
+            {
+                let r = r.as_str().unwrap_or_default();
+                if !m.contains_key(r) {
+                    return Err(format!("{at}: required {r} missing in {v}"));
+                }
+            }
+            for (k, val) in m {
+                match props.and_then(|p| p.get(k)) {
+                    Some(ps) => validate(doc, ps, val, &format!("{at}.{k}"))?,
+                    None if s.get("additionalProperties") == Some(&Value::Bool(false)) => {
+                        return Err(format!("{at}: {k} is not in the schema"));
+                    }
+                    None => {}
+                }
+            }
+        }
+        if let (Some(items), Some(a)) = (s.get("items"), v.as_array()) {
+            for (i, x) in a.iter().enumerate() {
+                validate(doc, items, x, &format!("{at}[{i}]"))?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Requests that reach every route with the statuses their handlers give.
+    fn requests() -> Vec<(Method, &'static str, &'static str)> {
+        vec![
+            (Method::GET, "/v1/health", ""),
+            (Method::GET, "/v1/vms", ""),
+            (
+                Method::POST,
+                "/v1/vms",
+                r#"{"name":"db","budget":"1G","qmp":"/run/db.qmp"}"#,
+            ),
+            (
+                Method::POST,
+                "/v1/vms",
+                r#"{"name":"web1","budget":4096,"qmp":"/q"}"#,
+            ),
+            (Method::POST, "/v1/vms", r#"{"name":"db","budget":"1G"}"#),
+            (
+                Method::POST,
+                "/v1/vms",
+                r#"{"name":"db","budget":"1G","qmp":"/q","x":1}"#,
+            ),
+            (Method::POST, "/v1/vms", "["),
+            (Method::GET, "/v1/vms/web1", ""),
+            (Method::GET, "/v1/vms/nope", ""),
+            (Method::GET, "/v1/vms/bad%20name", ""),
+            (Method::DELETE, "/v1/vms/web1", ""),
+            (Method::DELETE, "/v1/vms/nope", ""),
+            (Method::GET, "/v1/vms/web1/tiering", ""),
+            (Method::GET, "/v1/vms/nope/tiering", ""),
+            (
+                Method::PATCH,
+                "/v1/vms/web1/tiering",
+                r#"{"budget":"32M","enabled":false}"#,
+            ),
+            (Method::PATCH, "/v1/vms/web1/tiering", r#"{}"#),
+            (Method::PATCH, "/v1/vms/nope/tiering", r#"{"enabled":true}"#),
+            (Method::GET, "/v1/vms/web1/stats", ""),
+            (Method::GET, "/v1/vms/nope/stats", ""),
+            (Method::GET, "/v1/vms/web1/nodes", ""),
+            (Method::GET, "/v1/vms/nope/nodes", ""),
+            (Method::GET, "/metrics", ""),
+        ]
+    }
+
+    #[test]
+    fn openapi_document_matches_the_router() {
+        let doc = doc();
+        let paths = doc["paths"].as_object().expect("paths");
+        let methods = ["get", "post", "put", "patch", "delete"];
+        let mut in_router = Vec::new();
+        for (m, path, _) in routes() {
+            let m = m.as_str().to_ascii_lowercase();
+            assert!(
+                paths.get(path).and_then(|p| p.get(&m)).is_some(),
+                "{m} {path} is in the router but not in docs/openapi.yaml"
+            );
+            in_router.push((m, path.to_owned()));
+        }
+        for (path, item) in paths {
+            for m in methods.iter().filter(|m| item.get(**m).is_some()) {
+                assert!(
+                    in_router.contains(&((*m).to_owned(), path.clone())),
+                    "{m} {path} is documented but not routed"
+                );
+            }
+        }
+
+        let (tx, _) = fake_engine();
+        let r = router(App::new(tx), &limits_for_test(), None);
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        let mut reached = Vec::new();
+        rt.block_on(async {
+            for (m, uri, body) in requests() {
+                let req = axum::http::Request::builder()
+                    .method(m.clone())
+                    .uri(uri)
+                    .header(header::CONTENT_TYPE, "application/json")
+                    .body(axum::body::Body::from(body))
+                    .unwrap();
+                let resp = r.clone().oneshot(req).await.unwrap();
+                let status = resp.status().as_str().to_owned();
+                let ctype = resp.headers()[header::CONTENT_TYPE]
+                    .to_str()
+                    .unwrap()
+                    .to_owned();
+                let bytes = axum::body::to_bytes(resp.into_body(), 1 << 20)
+                    .await
+                    .unwrap();
+                // The documented path this URI matches.
+                let (path, _) = routes()
+                    .into_iter()
+                    .map(|(rm, p, _)| (p, rm))
+                    .find(|(p, rm)| *rm == m && matches_path(p, uri))
+                    .unwrap_or_else(|| panic!("{m} {uri} matches a route"));
+                let op = &paths[path][m.as_str().to_ascii_lowercase()];
+                let resp_doc = resolve(&doc, &op["responses"][&status]);
+                assert!(
+                    resp_doc.is_object(),
+                    "{m} {uri}: status {status} is not documented"
+                );
+                let media = resp_doc["content"].as_object().expect("content");
+                let (mt, content) = media.iter().next().unwrap();
+                assert!(ctype.starts_with(mt.as_str()), "{m} {uri}: {ctype} vs {mt}");
+                if mt == "application/json" {
+                    let v: Value = serde_json::from_slice(&bytes).unwrap();
+                    validate(&doc, &content["schema"], &v, &format!("{m} {uri} {status}")).unwrap();
+                }
+                if !body.is_empty() && status.starts_with('2') {
+                    let v: Value = serde_json::from_str(body).unwrap();
+                    let schema = &op["requestBody"]["content"]["application/json"]["schema"];
+                    validate(&doc, schema, &v, &format!("{m} {uri} request")).unwrap();
+                }
+                reached.push((m.as_str().to_ascii_lowercase(), path.to_owned()));
+            }
+        });
+        for route in &in_router {
+            assert!(
+                reached.contains(route),
+                "{route:?} has a request in this test"
+            );
+        }
+    }
+
+    /// Whether `uri` matches the route `path` (`{vm}` matches one segment).
+    fn matches_path(path: &str, uri: &str) -> bool {
+        let a: Vec<&str> = path.split('/').collect();
+        let b: Vec<&str> = uri.split('/').collect();
+        a.len() == b.len() && a.iter().zip(&b).all(|(x, y)| x.starts_with('{') || x == y)
+    }
+
+    #[test]
+    fn the_schema_checker_refuses_what_does_not_fit() {
+        let doc = doc();
+        let schemas = &doc["components"]["schemas"];
+        let cases = [
+            (
+                "Tiering",
+                r#"{"budget_bytes":1,"policy":"d","params":null,"enabled":true}"#,
+                true,
+            ),
+            (
+                "Tiering",
+                r#"{"budget_bytes":1,"policy":"d","params":null}"#,
+                false,
+            ),
+            (
+                "Tiering",
+                r#"{"budget_bytes":-1,"policy":"d","params":null,"enabled":true}"#,
+                false,
+            ),
+            (
+                "Tiering",
+                r#"{"budget_bytes":1,"policy":"d","params":null,"enabled":1}"#,
+                false,
+            ),
+            ("Message", r#"{"message":"x","extra":1}"#, false),
+            ("Size", r#""64M""#, true),
+            ("Size", "64", true),
+            ("Size", "true", false),
+        ];
+        for (name, json, want) in cases {
+            let v: Value = serde_json::from_str(json).unwrap();
+            let got = validate(&doc, &schemas[name], &v, name);
+            assert_eq!(got.is_ok(), want, "{name} {json}: {got:?}");
+        }
     }
 }
