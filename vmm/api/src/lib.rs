@@ -13,3 +13,13 @@ pub use proto::{
     Tiering, TieringChange, VmList, VmMetrics, VmStatus, VmSummary,
 };
 pub use vm::{RangeConfig, VmConfig};
+
+/// Optional fields that may be left out but not given as `null` (which would otherwise mean
+/// the same as leaving them out, and so let a typo'd client believe it set something).
+pub(crate) fn no_null<'de, D, T>(d: D) -> Result<Option<T>, D::Error>
+where
+    D: serde::Deserializer<'de>,
+    T: serde::Deserialize<'de>,
+{
+    T::deserialize(d).map(Some)
+}

@@ -177,16 +177,32 @@ pub struct Tiering {
 #[serde(deny_unknown_fields)]
 pub struct TieringChange {
     /// New DRAM budget.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        deserialize_with = "crate::no_null"
+    )]
     pub budget: Option<ByteSize>,
     /// New placement policy (a name from the registry).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        deserialize_with = "crate::no_null"
+    )]
     pub policy: Option<String>,
     /// The policy's parameters, as in `[daemon.policy_params]`.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        deserialize_with = "crate::no_null"
+    )]
     pub params: Option<serde_json::Map<String, serde_json::Value>>,
     /// Start (`true`) or pause (`false`) placing the VM's memory.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        deserialize_with = "crate::no_null"
+    )]
     pub enabled: Option<bool>,
 }
 
@@ -390,6 +406,38 @@ mod tests {
                     vm: "a".parse().unwrap(),
                 }),
             ),
+            (
+                r#"{"cmd":"set-tiering","vm":"a","change":{"budget":"1M","enabled":false}}"#,
+                Some(Request::SetTiering {
+                    vm: "a".parse().unwrap(),
+                    change: TieringChange {
+                        budget: Some(ByteSize(1 << 20)),
+                        enabled: Some(false),
+                        ..TieringChange::default()
+                    },
+                }),
+            ),
+            (r#"{"cmd":"metrics"}"#, Some(Request::Metrics {})),
+            (
+                r#"{"cmd":"tiering","vm":"a"}"#,
+                Some(Request::Tiering {
+                    vm: "a".parse().unwrap(),
+                }),
+            ),
+            // null is not "leave it": a client that sends it is told.
+            (
+                r#"{"cmd":"set-tiering","vm":"a","change":{"enabled":null}}"#,
+                None,
+            ),
+            (
+                r#"{"cmd":"set-tiering","vm":"a","change":{"budgte":"1M"}}"#,
+                None,
+            ),
+            (r#"{"cmd":"set-tiering","vm":"a","budget":"1M"}"#, None),
+            (
+                r#"{"cmd":"attach","vm":{"name":"a","budget":1,"qmp":"/q","pid":null}}"#,
+                None,
+            ),
             (r#"{"cmd":"list","extra":1}"#, None),
             (r#"{"cmd":"explode"}"#, None),
             (r#"{"cmd":"status","vm":"bad name"}"#, None),
@@ -409,7 +457,7 @@ mod tests {
     fn request_lines_are_decoded_and_checked() {
         let long = format!("{{\"cmd\":\"list\"}}{}", " ".repeat(MAX_REQUEST_LINE));
         type Want = Result<Option<Request>, &'static str>;
-        let cases: [(&[u8], Want); 10] = [
+        let cases: [(&[u8], Want); 13] = [
             (b"", Ok(None)),
             (b" \t\r", Ok(None)),
             (br#"{"cmd":"list"}"#, Ok(Some(Request::List {}))),
@@ -420,6 +468,9 @@ mod tests {
             (br#"{"cmd":"attach","vm":{"name":"a","budget":"1G"}}"#, Err("Invalid request: VM a: give qmp")),
             (br#"{"cmd":"attach","vm":{"name":"a","budget":"1G","qmp":"/q"}}"#, Ok(Some(Request::Attach { vm: VmConfig { name: "a".parse().unwrap(), budget: ByteSize(1 << 30), qmp: Some("/q".into()), pid: None, ranges: vec![] } }))),
             (long.as_bytes(), Err("Request longer than 65536 bytes")),
+            (br#"{"cmd":"set-tiering","vm":"a","change":{}}"#, Err("Invalid request: nothing to change for a")),
+            (br#"{"cmd":"set-tiering","vm":"a","change":{"budget":"1025T"}}"#, Err("Invalid request: budget 1025 TiB for a is above the largest")),
+            (br#"{"cmd":"set-tiering","vm":"a","change":{"policy":"memtierd","params":{"x":1}}}"#, Ok(Some(Request::SetTiering { vm: "a".parse().unwrap(), change: TieringChange { policy: Some("memtierd".into()), params: serde_json::json!({"x": 1}).as_object().cloned(), ..TieringChange::default() } }))),
         ];
         for (line, want) in cases {
             let got = decode_request(line);
@@ -431,6 +482,26 @@ mod tests {
                 }
                 _ => panic!("{:?}: {got:?}", String::from_utf8_lossy(line)),
             }
+        }
+    }
+
+    #[test]
+    fn tick_durations_land_in_their_buckets() {
+        let cases: [(&[f64], &[(usize, u64)], u64); 3] = [
+            (&[], &[], 0),
+            (&[0.0, 0.001, 0.0011], &[(0, 2), (1, 1)], 3),
+            (&[5.0, 5.1, f64::INFINITY], &[(11, 1), (12, 2)], 3),
+        ];
+        for (secs, want, count) in cases {
+            let mut h = TickHistogram::default();
+            for &s in secs {
+                h.observe(s);
+            }
+            assert_eq!(h.count, count, "{secs:?}");
+            for &(i, n) in want {
+                assert_eq!(h.counts[i], n, "{secs:?} bucket {i}");
+            }
+            assert_eq!(h.counts.iter().sum::<u64>(), count, "{secs:?}");
         }
     }
 

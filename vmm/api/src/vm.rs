@@ -40,12 +40,20 @@ pub struct VmConfig {
     /// DRAM the VM may use.
     pub budget: ByteSize,
     /// QEMU's QMP unix socket.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        deserialize_with = "crate::no_null"
+    )]
     pub qmp: Option<PathBuf>,
     /// With `qmp`: QEMU's pid, when the socket is served by a proxy (otherwise the pid is
     /// the socket peer's). Without `qmp`: a plain process whose `ranges` are managed as if
     /// they were guest RAM.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        deserialize_with = "crate::no_null"
+    )]
     pub pid: Option<ProcessId>,
     /// With `pid`: the ranges to manage.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]

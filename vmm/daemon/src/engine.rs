@@ -2032,4 +2032,103 @@ mod tests {
             st.metrics
         );
     }
+
+    #[test]
+    fn tiering_changes_are_all_or_nothing_and_a_paused_vm_is_left_alone() {
+        let len = 128 * MIB;
+        let w = world(len);
+        let hot = Arc::new(Mutex::new((0, 32 * MIB)));
+        let mut e = engine(&w, 1000);
+        let vm: VmId = "g".parse().unwrap();
+        e.attach(vm.clone(), ByteSize(64 * MIB), parts(&w, len, &hot))
+            .unwrap();
+        let change = |budget: Option<u64>,
+                      policy: Option<&str>,
+                      params: Option<serde_json::Value>,
+                      enabled: Option<bool>| TieringChange {
+            budget: budget.map(ByteSize),
+            policy: policy.map(Into::into),
+            params: params.and_then(|p| p.as_object().cloned()),
+            enabled,
+        };
+        // (change, error wanted, tiering after)
+        let cases = [
+            (
+                change(Some(8 * MIB), Some("nope"), None, Some(false)),
+                Some("Unknown policy nope"),
+                (64 * MIB, "default", true),
+            ),
+            (
+                change(Some(8 * MIB), Some("numab"), None, None),
+                Some("plans from NUMA hint faults"),
+                (64 * MIB, "default", true),
+            ),
+            (
+                change(
+                    Some(8 * MIB),
+                    None,
+                    Some(serde_json::json!({"no_such_key": 1})),
+                    None,
+                ),
+                Some("Invalid config for policy default"),
+                (64 * MIB, "default", true),
+            ),
+            (
+                change(Some(2 << 30), None, None, Some(false)),
+                Some("exceeds the DRAM node"),
+                (64 * MIB, "default", true),
+            ),
+            (
+                change(Some(32 * MIB), Some("memtierd"), None, None),
+                None,
+                (32 * MIB, "memtierd", true),
+            ),
+            (
+                change(None, Some("default"), None, Some(false)),
+                None,
+                (32 * MIB, "default", false),
+            ),
+        ];
+        for (c, err, (budget, policy, enabled)) in cases {
+            let r = e.set_tiering(&vm, c.clone());
+            match (&r, err) {
+                (Ok(_), None) => {}
+                (Err(e), Some(w)) => assert!(e.to_string().contains(w), "{c:?}: {e}"),
+                _ => panic!("{c:?}: {r:?}"),
+            }
+            let t = e.tiering(&vm).unwrap();
+            assert_eq!(
+                (t.budget_bytes, t.policy.as_str(), t.enabled),
+                (budget, policy, enabled),
+                "{c:?}"
+            );
+        }
+        assert!(matches!(
+            e.set_tiering(&"x".parse().unwrap(), change(None, None, None, Some(true))),
+            Err(Error::NoSuchVm(_))
+        ));
+        // Paused: ticks do not move anything (or count), the status says so.
+        let before = (dram_bytes(&w), e.status(&vm).unwrap().metrics.ticks);
+        for _ in 0..3 {
+            e.tick();
+        }
+        let st = e.status(&vm).unwrap();
+        assert_eq!((dram_bytes(&w), st.metrics.ticks), before);
+        assert_eq!(st.summary.state, "paused");
+        let m = e.metrics();
+        assert_eq!(m.disabled, vec![vm.clone()]);
+        assert_eq!(
+            m.ticks.count, 3,
+            "whole ticks are timed even with nothing to do"
+        );
+        // Resumed: the hot set comes in within the budget.
+        e.set_tiering(&vm, change(None, None, None, Some(true)))
+            .unwrap();
+        for _ in 0..6 {
+            e.tick();
+            assert!(dram_bytes(&w) <= 32 * MIB);
+        }
+        assert!(hot_in_dram(&w, 0, 32 * MIB) * 10 >= 32 * MIB * 9);
+        assert_eq!(e.status(&vm).unwrap().summary.state, "active");
+    }
 }

@@ -1021,6 +1021,7 @@ mod openapi {
                 "example",
                 "pattern",
                 "minProperties",
+                "minItems",
             ];
             if !known.contains(&key.as_str()) {
                 return Err(format!(
@@ -1087,6 +1088,19 @@ mod openapi {
                     }
                     None => {}
                 }
+            }
+        }
+        if let (Some(min), Some(a)) = (s.get("minItems").and_then(Value::as_u64), v.as_array()) {
+            if (a.len() as u64) < min {
+                return Err(format!("{at}: fewer than {min} items"));
+            }
+        }
+        if let (Some(min), Some(m)) = (
+            s.get("minProperties").and_then(Value::as_u64),
+            v.as_object(),
+        ) {
+            if (m.len() as u64) < min {
+                return Err(format!("{at}: fewer than {min} properties"));
             }
         }
         if let (Some(items), Some(a)) = (s.get("items"), v.as_array()) {
@@ -1259,6 +1273,24 @@ mod openapi {
             ("Size", r#""64M""#, true),
             ("Size", "64", true),
             ("Size", "true", false),
+            ("VmConfig", r#"{"name":"a","budget":1,"qmp":"/q"}"#, true),
+            (
+                "VmConfig",
+                r#"{"name":"a","budget":1,"pid":3,"ranges":[{"start":"0x1000","len":4096}]}"#,
+                true,
+            ),
+            (
+                "VmConfig",
+                r#"{"name":"a","budget":1,"qmp":"/q","ranges":[]}"#,
+                false,
+            ),
+            (
+                "VmConfig",
+                r#"{"name":"a","budget":1,"pid":3,"ranges":[]}"#,
+                false,
+            ),
+            ("VmConfig", r#"{"name":"a","budget":1}"#, false),
+            ("TieringChange", "{}", false),
         ];
         for (name, json, want) in cases {
             let v: Value = serde_json::from_str(json).unwrap();
