@@ -487,7 +487,9 @@ mod tests {
 
     #[test]
     fn tick_durations_land_in_their_buckets() {
-        let cases: [(&[f64], &[(usize, u64)], u64); 3] = [
+        // (durations, (bucket, count) pairs, total)
+        type Case = (&'static [f64], &'static [(usize, u64)], u64);
+        let cases: [Case; 3] = [
             (&[], &[], 0),
             (&[0.0, 0.001, 0.0011], &[(0, 2), (1, 1)], 3),
             (&[5.0, 5.1, f64::INFINITY], &[(11, 1), (12, 2)], 3),
