@@ -67,7 +67,7 @@ pub struct Daemon {
 }
 
 /// Directory of our own binary: vmtierd and vmtierctl are built next to tbcheck.
-fn bin_dir() -> PathBuf {
+pub fn bin_dir() -> PathBuf {
     std::env::current_exe()
         .ok()
         .and_then(|p| p.parent().map(Path::to_path_buf))

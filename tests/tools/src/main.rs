@@ -2,6 +2,7 @@
 //! `ok - NAME: detail` or `not ok - NAME: detail` per assertion and exits non-zero if any
 //! failed.
 
+mod api;
 mod bench_e2e;
 mod check;
 mod daemon;
@@ -61,6 +62,9 @@ enum Cmd {
     /// Soak: ≥ N page migrations by vmtierd (move_pages and the module, 4 KiB and THP)
     /// under changing budgets while the guest writes; table and JSON, zero corruption.
     Soak(soak::SoakArgs),
+    /// vmtierd's HTTP API on the workload guest: budget through the API (DRAM follows),
+    /// refusals change nothing, /metrics checked by promtool, schemathesis contract test.
+    Api(api::ApiArgs),
 }
 
 fn main() -> ExitCode {
@@ -79,6 +83,7 @@ fn main() -> ExitCode {
         Cmd::BenchE2e(a) => bench_e2e::run(&mut c, &a),
         Cmd::Sources(a) => sources::run(&mut c, &a),
         Cmd::Soak(a) => soak::run(&mut c, &a),
+        Cmd::Api(a) => api::run(&mut c, &a),
     }
     c.finish()
 }

@@ -427,6 +427,12 @@ mod tests {
             ("[daemon]\nsocket = \"/\"\n", "socket \"/\": give a file path"),
             (&format!("[daemon]\nsocket = \"/{}\"\n", "s".repeat(107)), "at most 107 bytes"),
             ("[daemon]\npolicy = \"nope\"\n", "Unknown policy nope"),
+            ("[api]\nlisten = \"127.0.0.1:9464\"\n", "api.listen needs api.token_file"),
+            ("[api]\nlisten = \"localhost:9464\"\n", "line 2, column 10"),
+            ("[api]\nmax_body_bytes = 100\n", "api.max_body_bytes 100 is out of range: 1024 bytes to 1048576 bytes"),
+            ("[api]\nrate_limit_per_s = 0\n", "api.rate_limit_per_s 0 is out of range: 1/s to 10000/s"),
+            ("[api]\nsocket = \"/\"\n", "api.socket \"/\": give a file path"),
+            ("[api]\ntoken = \"x\"\n", "unknown field `token`"),
             ("[daemon]\npolicy = \"numab\"\n", "plans from NUMA hint faults"),
             ("[daemon]\npolicy = \"memtis\"\n", "plans from IBS/PEBS samples"),
             // Found by the config fuzz target: the name's line break reached the log.
@@ -528,6 +534,7 @@ mod tests {
             DaemonConfig::default(),
             "the example's [daemon] values are the defaults"
         );
+        assert_eq!(cfg.api, ApiConfig::default(), "and its [api] values");
         assert_eq!(cfg.vms.len(), 2);
     }
 

@@ -619,6 +619,10 @@ impl Engine {
             Request::Tiering { vm } => self.tiering(&vm).map(Reply::Tiering),
             Request::SetTiering { vm, change } => self.set_tiering(&vm, change).map(Reply::Tiering),
             Request::Metrics {} => Ok(Reply::Metrics(Box::new(self.metrics()))),
+            // Before building: a managed name is refused without touching the VM's QMP.
+            Request::Attach { vm } if self.vms.contains_key(&vm.name) => {
+                Err(Error::Exists(vm.name))
+            }
             Request::Attach { vm } => match vm
                 .validate()
                 .map_err(|e| e.to_string())

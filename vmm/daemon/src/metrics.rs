@@ -373,4 +373,43 @@ pub(crate) mod tests {
             String::from_utf8_lossy(&out.stderr)
         );
     }
+
+    #[test]
+    fn the_grafana_dashboard_queries_only_exported_families() {
+        let dash: serde_json::Value =
+            serde_json::from_str(include_str!("../../../docs/grafana-dashboard.json")).unwrap();
+        let mut exprs: Vec<String> = Vec::new();
+        for p in dash["panels"].as_array().unwrap() {
+            for t in p["targets"].as_array().unwrap() {
+                exprs.push(t["expr"].as_str().unwrap().to_owned());
+            }
+        }
+        exprs.push(
+            dash["templating"]["list"][1]["query"]
+                .as_str()
+                .unwrap()
+                .to_owned(),
+        );
+        let mut used = 0;
+        for e in &exprs {
+            let mut rest = e.as_str();
+            while let Some(i) = rest.find("vmtier_") {
+                let name: String = rest[i..]
+                    .chars()
+                    .take_while(|c| c.is_ascii_alphanumeric() || *c == '_')
+                    .collect();
+                let base = ["_bucket", "_sum", "_count"]
+                    .iter()
+                    .find_map(|s| name.strip_suffix(s))
+                    .unwrap_or(&name);
+                assert!(
+                    FAMILIES.iter().any(|(n, _, _)| *n == name || *n == base),
+                    "{name} in {e}"
+                );
+                used += 1;
+                rest = &rest[i + name.len()..];
+            }
+        }
+        assert!(used >= 15, "{used} family references");
+    }
 }
