@@ -108,3 +108,33 @@ soak: build
 	RUST_LOG=$${RUST_LOG:-info,vmtier_daemon::engine=debug} tests/testbed/run --quiet --timeout 1800 -- $(BIN)/tbcheck soak --elf $(GUEST) --ko-dir $(TARGET)/kmod --out $(TARGET)/bench/soak.json $(SOAK_ARGS); \
 	rc=$$?; run=$$(ls -td $(TARGET)/testbed/runs/*/ | head -n 1); \
 	sed -n '/^soak: /,/ passed, [0-9]* failed$$/p' $$run/console.log | grep -v '^\[ *[0-9.]*\]' | grep -v '^  '; exit $$rc
+
+# Installs vmtierd, vmtierctl, the systemd unit, the example configuration, the docs and the
+# module's DKMS source tree under $(DESTDIR) (docs/packaging.md). Run `make build` first.
+DESTDIR ?=
+PREFIX ?= /usr
+.PHONY: install test-install
+VMTIER_VERSION := $(shell sed -n 's/^version = "\(.*\)"/\1/p' Cargo.toml | head -n 1)
+install:
+	install -d -m 0755 $(DESTDIR)$(PREFIX)/sbin $(DESTDIR)$(PREFIX)/bin $(DESTDIR)/lib/systemd/system \
+		$(DESTDIR)$(PREFIX)/share/doc/vmtier $(DESTDIR)$(PREFIX)/src/vmtier-$(VMTIER_VERSION)
+	install -d -m 0750 $(DESTDIR)/etc/vmtier
+	install -m 0755 $(BIN)/vmtierd $(DESTDIR)$(PREFIX)/sbin/vmtierd
+	install -m 0755 $(BIN)/vmtierctl $(DESTDIR)$(PREFIX)/bin/vmtierctl
+	install -m 0644 packaging/vmtierd.service $(DESTDIR)/lib/systemd/system/vmtierd.service
+	install -m 0640 vmm/daemon/vmtierd.example.toml $(DESTDIR)/etc/vmtier/vmtierd.toml.example
+	install -m 0644 docs/*.md docs/openapi.yaml docs/grafana-dashboard.json $(DESTDIR)$(PREFIX)/share/doc/vmtier/
+	cp -r host-kmod/. $(DESTDIR)$(PREFIX)/src/vmtier-$(VMTIER_VERSION)/
+
+# make install into a scratch root, checked (tools/test-install).
+test-install: build
+	tools/test-install
+
+# A Debian package built from the `make install` tree with dpkg-deb (target/vmtier_VERSION_amd64.deb).
+.PHONY: deb
+deb: build
+	rm -rf $(TARGET)/deb-root
+	$(MAKE) -s install DESTDIR=$(TARGET)/deb-root
+	install -d -m 0755 $(TARGET)/deb-root/DEBIAN
+	sed 's/@VERSION@/$(VMTIER_VERSION)/' packaging/debian/control.in >$(TARGET)/deb-root/DEBIAN/control
+	dpkg-deb --root-owner-group --build $(TARGET)/deb-root $(TARGET)/vmtier_$(VMTIER_VERSION)_amd64.deb
