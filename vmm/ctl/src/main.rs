@@ -41,6 +41,8 @@ enum Cmd {
     Attach(cmd::attach::Args),
     /// Stop managing a VM; its pages stay where they are.
     Detach(cmd::detach::Args),
+    /// Show or change a VM's tiering: budget, policy and its parameters, enabled.
+    Tiering(cmd::tiering::Args),
 }
 
 fn main() -> ExitCode {
@@ -52,6 +54,7 @@ fn main() -> ExitCode {
         Cmd::SetBudget(a) => cmd::set_budget::run(&client, &a),
         Cmd::Attach(a) => cmd::attach::run(&client, a),
         Cmd::Detach(a) => cmd::detach::run(&client, &a),
+        Cmd::Tiering(a) => cmd::tiering::run(&client, &a),
     };
     match r {
         Ok(()) => ExitCode::SUCCESS,

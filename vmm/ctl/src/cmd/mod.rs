@@ -5,6 +5,7 @@ pub mod detach;
 pub mod list;
 pub mod set_budget;
 pub mod status;
+pub mod tiering;
 
 /// Prints a `done` reply's message unless `--json` already printed the reply.
 fn print_done(client: &crate::client::Client, reply: &vmtier_api::proto::Reply) {
