@@ -255,6 +255,12 @@ impl Config {
                 api.socket
             )));
         }
+        if api.enable && api.socket == d.socket {
+            return Err(Error::Invalid(format!(
+                "api.socket and daemon.socket are both {:?}",
+                api.socket
+            )));
+        }
         if api.enable && api.listen.is_some() && api.token_file.is_none() {
             return Err(Error::Invalid(
                 "api.listen needs api.token_file: TCP clients must send a bearer token".into(),
@@ -433,6 +439,7 @@ mod tests {
             ("[api]\nrate_limit_per_s = 0\n", "api.rate_limit_per_s 0 is out of range: 1/s to 10000/s"),
             ("[api]\nsocket = \"/\"\n", "api.socket \"/\": give a file path"),
             ("[api]\ntoken = \"x\"\n", "unknown field `token`"),
+            ("[api]\nsocket = \"/run/vmtier/vmtierd.sock\"\n", "api.socket and daemon.socket are both"),
             ("[daemon]\npolicy = \"numab\"\n", "plans from NUMA hint faults"),
             ("[daemon]\npolicy = \"memtis\"\n", "plans from IBS/PEBS samples"),
             // Found by the config fuzz target: the name's line break reached the log.
