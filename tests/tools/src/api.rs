@@ -297,6 +297,26 @@ pub fn run(c: &mut Checks, a: &ApiArgs) {
         ),
     );
 
+    // vmtierctl's views of the same state (control socket).
+    let (ok, top) = d.ctl(&["top", "--count", "2", "--interval-ms", "500"]);
+    let (ok2, tiering) = d.ctl(&["tiering", "guest"]);
+    c.check(
+        ok && top
+            .lines()
+            .any(|l| l.starts_with("guest ") && l.contains(" 8 MiB "))
+            && ok2
+            && tiering.contains("budget 8 MiB"),
+        "vmtierctl top and tiering show the budget set through the API",
+        format!(
+            "{} | {}",
+            top.lines()
+                .rfind(|l| l.starts_with("guest"))
+                .unwrap_or("")
+                .trim(),
+            tiering.trim()
+        ),
+    );
+
     // Refused requests change nothing.
     let big = format!(r#"{{"budget":"64M","policy":"{}"}}"#, "x".repeat(8192));
     let refusals: Vec<Refusal<'_>> = vec![

@@ -43,6 +43,8 @@ enum Cmd {
     Detach(cmd::detach::Args),
     /// Show or change a VM's tiering: budget, policy and its parameters, enabled.
     Tiering(cmd::tiering::Args),
+    /// Live view of every VM: DRAM/CXL, hot share, moves per second, budget drains.
+    Top(cmd::top::Args),
 }
 
 fn main() -> ExitCode {
@@ -55,6 +57,7 @@ fn main() -> ExitCode {
         Cmd::Attach(a) => cmd::attach::run(&client, a),
         Cmd::Detach(a) => cmd::detach::run(&client, &a),
         Cmd::Tiering(a) => cmd::tiering::run(&client, &a),
+        Cmd::Top(a) => cmd::top::run(&client, &a),
     };
     match r {
         Ok(()) => ExitCode::SUCCESS,

@@ -6,6 +6,7 @@ pub mod list;
 pub mod set_budget;
 pub mod status;
 pub mod tiering;
+pub mod top;
 
 /// Prints a `done` reply's message unless `--json` already printed the reply.
 fn print_done(client: &crate::client::Client, reply: &vmtier_api::proto::Reply) {
