@@ -3,7 +3,7 @@
 //! second each way, and a progress bar while DRAM use drains to a lowered budget.
 
 use std::collections::BTreeMap;
-use std::io::Write;
+use std::io::{IsTerminal, Write};
 use std::time::{Duration, Instant};
 
 use vmtier_api::proto::{Reply, Request, VmStatus};
@@ -133,8 +133,12 @@ pub fn run(client: &Client, a: &Args) -> Result<(), Error> {
         if !client.json {
             let text = frame(&seen, &before);
             if shown > 0 {
-                // Back over the previous frame.
-                print!("\x1b[H\x1b[2J");
+                if std::io::stdout().is_terminal() {
+                    // Back over the previous frame.
+                    print!("\x1b[H\x1b[2J");
+                } else {
+                    println!();
+                }
             }
             print!("{text}");
             let _ = std::io::stdout().flush();
