@@ -6,7 +6,7 @@ TARGET := $(CURDIR)/target
 BIN := $(TARGET)/release
 GUEST := $(TARGET)/workload-guest/workload.elf
 
-.PHONY: all deps build guest demo test test-unit test-guest test-testbed lint testbed clean bench bench-policies kmod bench-kmod bench-e2e fuzz fuzz-short fuzz-kmod soak
+.PHONY: all deps build guest demo test test-contract test-unit test-guest test-testbed lint testbed clean bench bench-policies kmod bench-kmod bench-e2e fuzz fuzz-short fuzz-kmod soak
 
 all: build
 
@@ -59,6 +59,10 @@ test-guest: guest
 
 test-testbed:
 	tests/testbed/suite
+
+# The live API against docs/openapi.yaml with schemathesis (8-15 min under TCG): opt-in.
+test-contract: build
+	tests/testbed/suite api-contract
 
 # Benchmarks print tables and write JSON under target/bench/; they assert nothing about speed.
 bench: bench-policies bench-kmod bench-e2e
@@ -130,3 +134,32 @@ agent-nested: build
 	tests/testbed/run --quiet --timeout 2400 -- $(CURDIR)/tests/testbed/agent-nested $(AGENT_NESTED_SECS); \
 	rc=$$?; run=$$(ls -td $(TARGET)/testbed/runs/*/ | head -n 1); \
 	sed -n '/^after /p;/^--- /,/^agent-nested: /p' $$run/console.log | grep -v '^\[ *[0-9.]*\]'; exit $$rc
+# Installs vmtierd, vmtierctl, the systemd unit, the example configuration, the docs and the
+# module's DKMS source tree under $(DESTDIR) (docs/packaging.md). Run `make build` first.
+DESTDIR ?=
+PREFIX ?= /usr
+.PHONY: install test-install
+VMTIER_VERSION := $(shell sed -n 's/^version = "\(.*\)"/\1/p' Cargo.toml | head -n 1)
+install:
+	install -d -m 0755 $(DESTDIR)$(PREFIX)/sbin $(DESTDIR)$(PREFIX)/bin $(DESTDIR)/lib/systemd/system \
+		$(DESTDIR)$(PREFIX)/share/doc/vmtier $(DESTDIR)$(PREFIX)/src/vmtier-$(VMTIER_VERSION)
+	install -d -m 0750 $(DESTDIR)/etc/vmtier
+	install -m 0755 $(BIN)/vmtierd $(DESTDIR)$(PREFIX)/sbin/vmtierd
+	install -m 0755 $(BIN)/vmtierctl $(DESTDIR)$(PREFIX)/bin/vmtierctl
+	install -m 0644 packaging/vmtierd.service $(DESTDIR)/lib/systemd/system/vmtierd.service
+	install -m 0640 vmm/daemon/vmtierd.example.toml $(DESTDIR)/etc/vmtier/vmtierd.toml.example
+	install -m 0644 docs/*.md docs/openapi.yaml docs/grafana-dashboard.json $(DESTDIR)$(PREFIX)/share/doc/vmtier/
+	cp -r host-kmod/. $(DESTDIR)$(PREFIX)/src/vmtier-$(VMTIER_VERSION)/
+
+# make install into a scratch root, checked (tools/test-install).
+test-install: build
+	tools/test-install
+
+# A Debian package built from the `make install` tree with dpkg-deb (target/vmtier_VERSION_amd64.deb).
+.PHONY: deb
+deb: build
+	rm -rf $(TARGET)/deb-root
+	$(MAKE) -s install DESTDIR=$(TARGET)/deb-root
+	install -d -m 0755 $(TARGET)/deb-root/DEBIAN
+	sed 's/@VERSION@/$(VMTIER_VERSION)/' packaging/debian/control.in >$(TARGET)/deb-root/DEBIAN/control
+	dpkg-deb --root-owner-group --build $(TARGET)/deb-root $(TARGET)/vmtier_$(VMTIER_VERSION)_amd64.deb

@@ -105,7 +105,7 @@ impl Probe {
 }
 
 /// Directory of our own binary: vmtierd and vmtierctl are built next to tbcheck.
-fn bin_dir() -> PathBuf {
+pub fn bin_dir() -> PathBuf {
     std::env::current_exe()
         .ok()
         .and_then(|p| p.parent().map(Path::to_path_buf))

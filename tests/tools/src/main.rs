@@ -3,6 +3,7 @@
 //! failed.
 
 mod agent;
+mod api;
 mod bench_e2e;
 mod check;
 mod daemon;
@@ -74,6 +75,9 @@ enum Cmd {
     AgentGuest(agent::GuestArgs),
     /// On the machine: runs the testbed with the agent port and checks the agent's frames.
     AgentHost(agent::HostArgs),
+    /// vmtierd's HTTP API on the workload guest: budget through the API (DRAM follows),
+    /// refusals change nothing, /metrics checked by promtool, schemathesis contract test.
+    Api(api::ApiArgs),
 }
 
 fn main() -> ExitCode {
@@ -96,6 +100,7 @@ fn main() -> ExitCode {
         Cmd::Hints(a) => hints::run(&mut c, &a),
         Cmd::AgentGuest(a) => agent::guest(&mut c, &a),
         Cmd::AgentHost(a) => agent::host(&mut c, &a),
+        Cmd::Api(a) => api::run(&mut c, &a),
     }
     c.finish()
 }

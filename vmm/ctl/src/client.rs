@@ -5,7 +5,7 @@ use std::os::unix::net::UnixStream;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use vmtier_daemon::proto::{Reply, Request, Response};
+use vmtier_api::proto::{Reply, Request, Response};
 
 /// Error talking to vmtierd.
 #[derive(Debug, thiserror::Error)]

@@ -64,6 +64,10 @@ enum Cmd {
     Completions(cmd::completions::Args),
     /// The man page (roff) on stdout.
     Man,
+    /// Show or change a VM's tiering: budget, policy and its parameters, enabled.
+    Tiering(cmd::tiering::Args),
+    /// Live view of every VM: DRAM/CXL, hot share, moves per second, budget drains.
+    Top(cmd::top::Args),
 }
 
 fn main() -> ExitCode {
@@ -84,6 +88,8 @@ fn main() -> ExitCode {
             Ok(())
         }
         Cmd::Man => cmd::completions::man(Cli::command()),
+        Cmd::Tiering(a) => cmd::tiering::run(&client, &a),
+        Cmd::Top(a) => cmd::top::run(&client, &a),
     };
     match r {
         Ok(()) => ExitCode::SUCCESS,

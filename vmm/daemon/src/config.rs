@@ -9,9 +9,12 @@ use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 use vmtier_core::policy::TrackingSource;
-use vmtier_core::{ByteSize, GranuleSize, HostVirtAddr, NodeId, ProcessId, VmId};
+use vmtier_core::{ByteSize, GranuleSize, NodeId, VmId};
 use vmtier_migrate::kmod::CopyEngine;
 use vmtier_sources::Choice;
+
+/// `[[vm]]` tables are the API's VM descriptions (an `attach` request carries one).
+pub use vmtier_api::vm::{RangeConfig, VmConfig, MAX_ADDRESS, MAX_BUDGET};
 
 /// `interval_ms`: 10 ms to 1 hour.
 pub const INTERVAL_MS: RangeInclusive<u64> = 10..=3_600_000;
@@ -24,13 +27,7 @@ pub const REFRESH_TICKS: RangeInclusive<u64> = 0..=1_000_000;
 pub const KMOD_WORKERS: RangeInclusive<u64> = 0..=vmtier_migrate::uapi::MAX_WORKERS;
 /// Node ids: the kernel's largest `MAX_NUMNODES` (`CONFIG_NODES_SHIFT` = 10).
 pub const MAX_NODES: u32 = 1024;
-/// Largest budget: 1 PiB.
-pub const MAX_BUDGET: u64 = 1 << 50;
-/// End of the highest range a process can have: no Linux user address space reaches past
-/// 2^57 bytes (x86-64 with 5-level page tables stops at 2^56).
-pub const MAX_ADDRESS: u64 = 1 << 57;
-/// Longest control socket path: `sun_path` holds 108 bytes with the terminating NUL.
-pub const MAX_SOCKET_PATH: usize = 107;
+pub use vmtier_api::vm::MAX_SOCKET_PATH;
 
 /// Error loading or validating a configuration.
 #[derive(Debug, thiserror::Error)]
@@ -58,6 +55,8 @@ pub struct Config {
     /// Follow libvirt's domains (`[libvirt]`, docs/libvirt.md). Absent: off.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub libvirt: Option<LibvirtConfig>,
+    /// The HTTP API and `/metrics` (`[api]`).
+    pub api: ApiConfig,
 }
 
 /// `libvirt.rescan_ticks`: 0 (on events only) to 10^6.
@@ -119,6 +118,50 @@ impl LibvirtConfig {
             )));
         }
         Ok(())
+    }
+}
+
+/// `[api]`: the HTTP API (docs/api.md). Served on a unix socket (mode 0600, like the control
+/// socket) unless disabled; on TCP only when `listen` is set, and then only to requests that
+/// carry the bearer token of `token_file`.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct ApiConfig {
+    /// Serve the HTTP API at all. Default true.
+    pub enable: bool,
+    /// Unix socket of the HTTP API. Default `/run/vmtier/api.sock`.
+    pub socket: PathBuf,
+    /// Also listen on this TCP address (`"127.0.0.1:9464"`); requires `token_file`.
+    /// Default: none.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub listen: Option<std::net::SocketAddr>,
+    /// File holding the bearer token TCP clients must send (`Authorization: Bearer ...`):
+    /// one line of 16 to 4096 printable characters, readable by vmtierd's user only.
+    /// Default: none.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub token_file: Option<PathBuf>,
+    /// Largest request body, bytes (larger: 413). 1 KiB to 1 MiB. Default 64 KiB.
+    pub max_body_bytes: u64,
+    /// Requests per second over all clients, with bursts of as many (more: 429). 1 to
+    /// 10000. Default 50.
+    pub rate_limit_per_s: u32,
+}
+
+/// `[api] max_body_bytes`: 1 KiB to 1 MiB.
+pub const API_MAX_BODY: RangeInclusive<u64> = 1024..=(1 << 20);
+/// `[api] rate_limit_per_s`: 1 to 10000.
+pub const API_RATE: RangeInclusive<u64> = 1..=10_000;
+
+impl Default for ApiConfig {
+    fn default() -> Self {
+        Self {
+            enable: true,
+            socket: PathBuf::from("/run/vmtier/api.sock"),
+            listen: None,
+            token_file: None,
+            max_body_bytes: 64 << 10,
+            rate_limit_per_s: 50,
+        }
     }
 }
 
@@ -194,101 +237,6 @@ impl Default for DaemonConfig {
     }
 }
 
-/// A host virtual range of a plain process (`ranges = [{ start = "0x7f...", len = "64M" }]`).
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct RangeConfig {
-    /// First address, as a `0x` hex string or an integer.
-    #[serde(with = "hex_addr")]
-    pub start: HostVirtAddr,
-    /// Length.
-    pub len: ByteSize,
-}
-
-/// One managed VM (`[[vm]]`). Exactly one of `qmp` or `pid` says how to reach it.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct VmConfig {
-    /// Name used by vmtierctl and in metrics.
-    pub name: VmId,
-    /// DRAM the VM may use.
-    pub budget: ByteSize,
-    /// QEMU's QMP unix socket.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub qmp: Option<PathBuf>,
-    /// With `qmp`: QEMU's pid, when the socket is served by a proxy (otherwise the pid is
-    /// the socket peer's). Without `qmp`: a plain process whose `ranges` are managed as if
-    /// they were guest RAM.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub pid: Option<ProcessId>,
-    /// With `pid`: the ranges to manage.
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub ranges: Vec<RangeConfig>,
-    /// The guest hint channel (`[vm.hints]`); none by default.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub hints: Option<crate::hints::HintsConfig>,
-}
-
-impl VmConfig {
-    /// Checks the backend choice, the pid, the budget and the ranges.
-    pub fn validate(&self) -> Result<(), Error> {
-        let name = &self.name;
-        let invalid = |what: String| Err(Error::Invalid(format!("VM {name}: {what}")));
-        if self.budget.0 > MAX_BUDGET {
-            return invalid(format!(
-                "budget {} is above the largest, {}",
-                self.budget,
-                ByteSize(MAX_BUDGET)
-            ));
-        }
-        if let Some(pid) = self.pid.filter(|p| p.raw() <= 0) {
-            // 0 would mean vmtierd itself to move_pages(2) and the module.
-            return invalid(format!("pid {pid} is not a process id (pids are positive)"));
-        }
-        if let Some(h) = &self.hints {
-            h.validate()
-                .map_err(|why| Error::Invalid(format!("VM {name}: {why}")))?;
-        }
-        let mut spans = Vec::with_capacity(self.ranges.len());
-        for r in &self.ranges {
-            let (start, len) = (r.start.raw(), r.len.0);
-            if len == 0 || start % 4096 != 0 || len % 4096 != 0 {
-                return invalid(format!(
-                    "range {} (+{}) is empty or not 4 KiB aligned",
-                    r.start, r.len
-                ));
-            }
-            let Some(end) = start.checked_add(len).filter(|&e| e <= MAX_ADDRESS) else {
-                return invalid(format!(
-                    "range {} (+{}) ends beyond any process's address space ({:#x})",
-                    r.start, r.len, MAX_ADDRESS
-                ));
-            };
-            spans.push((start, end));
-        }
-        spans.sort_unstable();
-        if let Some(w) = spans.windows(2).find(|w| w[1].0 < w[0].1) {
-            return invalid(format!(
-                "ranges at {} and {} overlap",
-                HostVirtAddr::new(w[0].0),
-                HostVirtAddr::new(w[1].0)
-            ));
-        }
-        match (&self.qmp, self.pid, self.ranges.is_empty()) {
-            (Some(_), _, true) | (None, Some(_), false) => Ok(()),
-            (Some(_), _, false) => Err(Error::Invalid(format!(
-                "VM {name}: ranges go with pid alone, not with qmp"
-            ))),
-            (None, Some(_), true) => Err(Error::Invalid(format!(
-                "VM {name}: pid needs ranges (or give qmp)"
-            ))),
-            (None, None, _) => Err(Error::Invalid(format!(
-                "VM {name}: give qmp (a QEMU QMP socket) or pid + ranges"
-            ))),
-        }
-    }
-}
-
 impl Config {
     /// Parses and validates TOML text.
     pub fn parse(text: &str) -> Result<Self, Error> {
@@ -317,7 +265,7 @@ impl Config {
 
     fn validate(&self) -> Result<(), Error> {
         let d = &self.daemon;
-        let bounds: [(&str, u64, RangeInclusive<u64>, &str); 4] = [
+        let bounds: [(&str, u64, RangeInclusive<u64>, &str); 6] = [
             ("interval_ms", d.interval_ms, INTERVAL_MS, " ms"),
             (
                 "rate_limit_mbps",
@@ -327,6 +275,18 @@ impl Config {
             ),
             ("refresh_ticks", d.refresh_ticks, REFRESH_TICKS, ""),
             ("kmod_workers", d.kmod_workers.into(), KMOD_WORKERS, ""),
+            (
+                "api.max_body_bytes",
+                self.api.max_body_bytes,
+                API_MAX_BODY,
+                " bytes",
+            ),
+            (
+                "api.rate_limit_per_s",
+                self.api.rate_limit_per_s.into(),
+                API_RATE,
+                "/s",
+            ),
         ];
         for (key, value, range, unit) in bounds {
             if !range.contains(&value) {
@@ -352,6 +312,24 @@ impl Config {
                 d.socket
             )));
         }
+        let api = &self.api;
+        if api.socket.file_name().is_none() || api.socket.as_os_str().len() > MAX_SOCKET_PATH {
+            return Err(Error::Invalid(format!(
+                "api.socket {:?}: give a file path of at most {MAX_SOCKET_PATH} bytes",
+                api.socket
+            )));
+        }
+        if api.enable && api.socket == d.socket {
+            return Err(Error::Invalid(format!(
+                "api.socket and daemon.socket are both {:?}",
+                api.socket
+            )));
+        }
+        if api.enable && api.listen.is_some() && api.token_file.is_none() {
+            return Err(Error::Invalid(
+                "api.listen needs api.token_file: TCP clients must send a bearer token".into(),
+            ));
+        }
         if d.fast_node == d.slow_node {
             return Err(Error::Invalid(format!(
                 "fast_node and slow_node are both {}",
@@ -364,23 +342,7 @@ impl Config {
                 .unwrap_or_default();
             Error::Invalid(flat(&format!("{e}{detail}")))
         })?;
-        // vmtierd feeds its policy the store's records (heat from DAMON or soft-dirty);
-        // policies that plan from other observations would get none.
-        let needs = match policy.source() {
-            TrackingSource::AbitScan | TrackingSource::None => None,
-            TrackingSource::HintFaults => Some("NUMA hint faults"),
-            TrackingSource::Sampling => Some("IBS/PEBS samples"),
-            TrackingSource::DamonRegions => Some("DAMON regions"),
-            TrackingSource::SoftDirty => None,
-        };
-        if let Some(what) = needs {
-            return Err(Error::Invalid(format!(
-                "policy {} plans from {what}, which vmtierd does not feed it; it is a baseline \
-                 for vmtier-sim (vmtierd runs policies that read heat records: default, memtierd, \
-                 first-touch)",
-                policy.name()
-            )));
-        }
+        check_policy(policy.as_ref()).map_err(Error::Invalid)?;
         let mut names: Vec<&VmId> = self.vms.iter().map(|v| &v.name).collect();
         names.sort();
         if let Some(w) = names.windows(2).find(|w| w[0] == w[1]) {
@@ -389,8 +351,56 @@ impl Config {
         if let Some(l) = &self.libvirt {
             l.validate()?;
         }
-        self.vms.iter().try_for_each(VmConfig::validate)
+        self.vms.iter().try_for_each(|v| {
+            v.validate()
+                .map_err(|vmtier_api::vm::Error::Invalid(reason)| Error::Invalid(reason))
+        })
     }
+}
+
+/// Whether vmtierd can run `policy`: it feeds policies the store's records (heat from DAMON
+/// or soft-dirty); policies that plan from other observations would get none.
+pub fn check_policy(policy: &dyn vmtier_core::policy::PlacementPolicy) -> Result<(), String> {
+    let needs = match policy.source() {
+        TrackingSource::AbitScan | TrackingSource::None => None,
+        TrackingSource::HintFaults => Some("NUMA hint faults"),
+        TrackingSource::Sampling => Some("IBS/PEBS samples"),
+        TrackingSource::DamonRegions => Some("DAMON regions"),
+        TrackingSource::SoftDirty => None,
+    };
+    match needs {
+        None => Ok(()),
+        Some(what) => Err(format!(
+            "policy {} plans from {what}, which vmtierd does not feed it; it is a baseline \
+             for vmtier-sim (vmtierd runs policies that read heat records: default, memtierd, \
+             first-touch)",
+            policy.name()
+        )),
+    }
+}
+
+/// Builds the policy `name` with parameters given as JSON (the API's `params`), checked as
+/// `[daemon] policy` and `[daemon.policy_params]` are.
+pub fn build_policy_json(
+    name: &str,
+    params: Option<&serde_json::Map<String, serde_json::Value>>,
+) -> Result<Box<dyn vmtier_core::policy::PlacementPolicy>, String> {
+    let table = match params {
+        None => None,
+        Some(p) => match toml::Value::try_from(p) {
+            Ok(toml::Value::Table(t)) => Some(t),
+            Ok(_) => return Err("params must be an object".into()),
+            Err(e) => return Err(flat(&format!("params: {e}"))),
+        },
+    };
+    let policy = vmtier_policies::registry::build(name, table.as_ref()).map_err(|e| {
+        let detail = std::error::Error::source(&e)
+            .map(|s| format!(": {s}"))
+            .unwrap_or_default();
+        flat(&format!("{e}{detail}"))
+    })?;
+    check_policy(policy.as_ref())?;
+    Ok(policy)
 }
 
 /// A TOML error as one line: `line 2, column 1: unknown field ...`.
@@ -425,40 +435,10 @@ fn flat(s: &str) -> String {
     out
 }
 
-/// Addresses as `"0x7f..."` strings (or plain integers) in TOML.
-mod hex_addr {
-    use serde::{de, Deserialize, Deserializer, Serializer};
-    use vmtier_core::HostVirtAddr;
-
-    #[derive(Deserialize)]
-    #[serde(untagged)]
-    enum Repr {
-        Int(u64),
-        Text(String),
-    }
-
-    pub fn serialize<S: Serializer>(a: &HostVirtAddr, s: S) -> Result<S::Ok, S::Error> {
-        s.serialize_str(&a.to_string())
-    }
-
-    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<HostVirtAddr, D::Error> {
-        match Repr::deserialize(d)? {
-            Repr::Int(v) => Ok(HostVirtAddr::new(v)),
-            Repr::Text(t) => {
-                let hex = t.strip_prefix("0x").ok_or_else(|| {
-                    de::Error::custom(format!("address {t:?} must start with 0x"))
-                })?;
-                u64::from_str_radix(hex, 16)
-                    .map(HostVirtAddr::new)
-                    .map_err(|_| de::Error::custom(format!("address {t:?} is not hexadecimal")))
-            }
-        }
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use vmtier_core::{ByteSize, HostVirtAddr};
 
     #[test]
     fn full_example_parses() {
@@ -520,6 +500,13 @@ mod tests {
             ("[daemon]\nsocket = \"/\"\n", "socket \"/\": give a file path"),
             (&format!("[daemon]\nsocket = \"/{}\"\n", "s".repeat(107)), "at most 107 bytes"),
             ("[daemon]\npolicy = \"nope\"\n", "Unknown policy nope"),
+            ("[api]\nlisten = \"127.0.0.1:9464\"\n", "api.listen needs api.token_file"),
+            ("[api]\nlisten = \"localhost:9464\"\n", "line 2, column 10"),
+            ("[api]\nmax_body_bytes = 100\n", "api.max_body_bytes 100 is out of range: 1024 bytes to 1048576 bytes"),
+            ("[api]\nrate_limit_per_s = 0\n", "api.rate_limit_per_s 0 is out of range: 1/s to 10000/s"),
+            ("[api]\nsocket = \"/\"\n", "api.socket \"/\": give a file path"),
+            ("[api]\ntoken = \"x\"\n", "unknown field `token`"),
+            ("[api]\nsocket = \"/run/vmtier/vmtierd.sock\"\n", "api.socket and daemon.socket are both"),
             ("[daemon]\npolicy = \"numab\"\n", "plans from NUMA hint faults"),
             ("[daemon]\npolicy = \"memtis\"\n", "plans from IBS/PEBS samples"),
             // Found by the config fuzz target: the name's line break reached the log.
@@ -621,6 +608,7 @@ mod tests {
             DaemonConfig::default(),
             "the example's [daemon] values are the defaults"
         );
+        assert_eq!(cfg.api, ApiConfig::default(), "and its [api] values");
         assert_eq!(cfg.vms.len(), 2);
     }
 

@@ -50,6 +50,7 @@ use vmtier_sources::store::{Error as StoreError, HotnessStore, StoreConfig, HIST
 
 use crate::hints::{HintFeed, HintParts, HintTracker, MISBEHAVING_FOR};
 use crate::proto::{NodeBytes, Reply, Request, Response, VmMetrics, VmStatus, VmSummary};
+use vmtier_api::proto::{DaemonMetrics, TickHistogram, Tiering, TieringChange};
 
 /// Error of an engine operation (an API request or an attach).
 #[derive(Debug, thiserror::Error)]
@@ -88,6 +89,9 @@ pub enum Error {
     /// A libvirt hook notification, but vmtierd does not follow libvirt.
     #[error("vmtierd does not follow libvirt (no [libvirt] in its config, no --connect)")]
     NoLibvirt,
+    /// A tiering change was refused; nothing changed.
+    #[error("Cannot change the tiering of {0}: {1}")]
+    Tiering(VmId, String),
 }
 
 /// Why a VM stopped being managed during a tick.
@@ -284,6 +288,10 @@ struct Vm {
     retries: BTreeMap<Granule, Retry>,
     /// When a tick longer than the interval was last logged.
     slow_tick_logged: Option<Instant>,
+    /// Whether ticks place its memory (the API may pause it).
+    enabled: bool,
+    /// The policy's parameters as last set through the API.
+    params: Option<serde_json::Map<String, serde_json::Value>>,
     /// This VM's own migration rate limit, bytes per second (below its share of the
     /// daemon's); `None` = its share only.
     rate_limit: Option<u64>,
@@ -307,6 +315,7 @@ impl Vm {
         match (&self.failed, self.problems.describe()) {
             (Some(why), _) => format!("failed: {why}"),
             (None, Some(p)) => format!("degraded: {p}"),
+            (None, None) if !self.enabled => "paused".into(),
             (None, None) => "active".into(),
         }
     }
@@ -318,6 +327,8 @@ pub struct Engine {
     vms: BTreeMap<VmId, Vm>,
     migrator: Box<dyn Migrator>,
     locator: Box<dyn PageLocator>,
+    /// Durations of whole ticks.
+    tick_hist: TickHistogram,
 }
 
 impl std::fmt::Debug for Engine {
@@ -341,6 +352,7 @@ impl Engine {
             vms: BTreeMap::new(),
             migrator,
             locator,
+            tick_hist: TickHistogram::default(),
         }
     }
 
@@ -420,6 +432,8 @@ impl Engine {
                 tracker: HintTracker::new(h.distrust_ticks, h.max_budget_percent),
                 last_violation: None,
             }),
+            enabled: true,
+            params: None,
         };
         self.migrator.add_layout(&vm.layout);
         if let Err(e) = refresh_placement(&self.cfg, self.locator.as_mut(), &mut vm) {
@@ -518,10 +532,11 @@ impl Engine {
 
     /// Runs one tick over every VM still managed.
     pub fn tick(&mut self) {
+        let started = Instant::now();
         let active = self
             .vms
             .values()
-            .filter(|v| v.failed.is_none())
+            .filter(|v| v.failed.is_none() && v.enabled)
             .count()
             .max(1) as u64;
         let tick_s = self.cfg.interval.as_secs_f64();
@@ -535,7 +550,7 @@ impl Engine {
         // Each VM's share of the interval; moves beyond it wait for the next tick.
         let share = self.cfg.interval / u32::try_from(active).unwrap_or(u32::MAX).max(1);
         for (name, vm) in &mut self.vms {
-            if vm.failed.is_some() {
+            if vm.failed.is_some() || !vm.enabled {
                 continue;
             }
             let t = Instant::now();
@@ -577,6 +592,85 @@ impl Engine {
                 );
                 vm.slow_tick_logged = Some(Instant::now());
             }
+        }
+        self.tick_hist.observe(started.elapsed().as_secs_f64());
+    }
+
+    /// A VM's tiering settings.
+    pub fn tiering(&self, name: &VmId) -> Result<Tiering, Error> {
+        let vm = self
+            .vms
+            .get(name)
+            .ok_or_else(|| Error::NoSuchVm(name.clone()))?;
+        Ok(Tiering {
+            budget_bytes: vm.budget_bytes,
+            policy: vm.parts.policy.name().into(),
+            params: vm.params.clone(),
+            enabled: vm.enabled,
+        })
+    }
+
+    /// Changes a VM's tiering settings: everything is checked (and a new policy built)
+    /// before anything changes. A new policy starts without state.
+    pub fn set_tiering(&mut self, name: &VmId, change: TieringChange) -> Result<Tiering, Error> {
+        if let Some(b) = change.budget {
+            self.check_budget(name, b)?;
+        }
+        let vm = self
+            .vms
+            .get_mut(name)
+            .ok_or_else(|| Error::NoSuchVm(name.clone()))?;
+        let policy = match (&change.policy, &change.params) {
+            (None, None) => None,
+            (p, params) => {
+                let which = p.as_deref().unwrap_or(vm.parts.policy.name());
+                let built = crate::config::build_policy_json(which, params.as_ref())
+                    .map_err(|why| Error::Tiering(name.clone(), why))?;
+                Some(built)
+            }
+        };
+        if let Some(b) = change.budget {
+            info!("{name}: budget {} -> {b}", ByteSize(vm.budget_bytes));
+            vm.budget_bytes = b.0;
+        }
+        if let Some(p) = policy {
+            info!(
+                "{name}: policy {} -> {} ({})",
+                vm.parts.policy.name(),
+                p.name(),
+                if change.params.is_some() {
+                    "parameters set"
+                } else {
+                    "its defaults"
+                }
+            );
+            vm.parts.policy = p;
+            vm.params = change.params;
+        }
+        if let Some(on) = change.enabled {
+            if on != vm.enabled {
+                info!("{name}: tiering {}", if on { "resumed" } else { "paused" });
+            }
+            vm.enabled = on;
+        }
+        self.tiering(name)
+    }
+
+    /// Every VM's status and the tick statistics.
+    pub fn metrics(&self) -> DaemonMetrics {
+        DaemonMetrics {
+            vms: self
+                .vms
+                .keys()
+                .filter_map(|n| self.status(n).ok())
+                .collect(),
+            disabled: self
+                .vms
+                .iter()
+                .filter(|(_, v)| !v.enabled)
+                .map(|(n, _)| n.clone())
+                .collect(),
+            ticks: self.tick_hist.clone(),
         }
     }
 
@@ -630,6 +724,13 @@ impl Engine {
                 .map(|message| Reply::Done { message }),
             Request::Detach { vm } => self.detach(&vm).map(|message| Reply::Done { message }),
             Request::LibvirtHook { .. } => Err(Error::NoLibvirt),
+            Request::Tiering { vm } => self.tiering(&vm).map(Reply::Tiering),
+            Request::SetTiering { vm, change } => self.set_tiering(&vm, change).map(Reply::Tiering),
+            Request::Metrics {} => Ok(Reply::Metrics(Box::new(self.metrics()))),
+            // Before building: a managed name is refused without touching the VM's QMP.
+            Request::Attach { vm } if self.vms.contains_key(&vm.name) => {
+                Err(Error::Exists(vm.name))
+            }
             Request::Attach { vm } => match vm
                 .validate()
                 .map_err(|e| e.to_string())
@@ -2277,5 +2378,104 @@ mod tests {
         script.lock().unwrap().clear();
         e.tick();
         assert_eq!(e.status(&vm).unwrap().hints.unwrap().hinted_granules, 0);
+    }
+
+    #[test]
+    fn tiering_changes_are_all_or_nothing_and_a_paused_vm_is_left_alone() {
+        let len = 128 * MIB;
+        let w = world(len);
+        let hot = Arc::new(Mutex::new((0, 32 * MIB)));
+        let mut e = engine(&w, 1000);
+        let vm: VmId = "g".parse().unwrap();
+        e.attach(vm.clone(), ByteSize(64 * MIB), parts(&w, len, &hot))
+            .unwrap();
+        let change = |budget: Option<u64>,
+                      policy: Option<&str>,
+                      params: Option<serde_json::Value>,
+                      enabled: Option<bool>| TieringChange {
+            budget: budget.map(ByteSize),
+            policy: policy.map(Into::into),
+            params: params.and_then(|p| p.as_object().cloned()),
+            enabled,
+        };
+        // (change, error wanted, tiering after)
+        let cases = [
+            (
+                change(Some(8 * MIB), Some("nope"), None, Some(false)),
+                Some("Unknown policy nope"),
+                (64 * MIB, "default", true),
+            ),
+            (
+                change(Some(8 * MIB), Some("numab"), None, None),
+                Some("plans from NUMA hint faults"),
+                (64 * MIB, "default", true),
+            ),
+            (
+                change(
+                    Some(8 * MIB),
+                    None,
+                    Some(serde_json::json!({"no_such_key": 1})),
+                    None,
+                ),
+                Some("Invalid config for policy default"),
+                (64 * MIB, "default", true),
+            ),
+            (
+                change(Some(2 << 30), None, None, Some(false)),
+                Some("exceeds the DRAM node"),
+                (64 * MIB, "default", true),
+            ),
+            (
+                change(Some(32 * MIB), Some("memtierd"), None, None),
+                None,
+                (32 * MIB, "memtierd", true),
+            ),
+            (
+                change(None, Some("default"), None, Some(false)),
+                None,
+                (32 * MIB, "default", false),
+            ),
+        ];
+        for (c, err, (budget, policy, enabled)) in cases {
+            let r = e.set_tiering(&vm, c.clone());
+            match (&r, err) {
+                (Ok(_), None) => {}
+                (Err(e), Some(w)) => assert!(e.to_string().contains(w), "{c:?}: {e}"),
+                _ => panic!("{c:?}: {r:?}"),
+            }
+            let t = e.tiering(&vm).unwrap();
+            assert_eq!(
+                (t.budget_bytes, t.policy.as_str(), t.enabled),
+                (budget, policy, enabled),
+                "{c:?}"
+            );
+        }
+        assert!(matches!(
+            e.set_tiering(&"x".parse().unwrap(), change(None, None, None, Some(true))),
+            Err(Error::NoSuchVm(_))
+        ));
+        // Paused: ticks do not move anything (or count), the status says so.
+        let before = (dram_bytes(&w), e.status(&vm).unwrap().metrics.ticks);
+        for _ in 0..3 {
+            e.tick();
+        }
+        let st = e.status(&vm).unwrap();
+        assert_eq!((dram_bytes(&w), st.metrics.ticks), before);
+        assert_eq!(st.summary.state, "paused");
+        let m = e.metrics();
+        assert_eq!(m.disabled, vec![vm.clone()]);
+        assert_eq!(
+            m.ticks.count, 3,
+            "whole ticks are timed even with nothing to do"
+        );
+        // Resumed: the hot set comes in within the budget.
+        e.set_tiering(&vm, change(None, None, None, Some(true)))
+            .unwrap();
+        for _ in 0..6 {
+            e.tick();
+            assert!(dram_bytes(&w) <= 32 * MIB);
+        }
+        assert!(hot_in_dram(&w, 0, 32 * MIB) * 10 >= 32 * MIB * 9);
+        assert_eq!(e.status(&vm).unwrap().summary.state, "active");
     }
 }

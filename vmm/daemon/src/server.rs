@@ -73,23 +73,41 @@ const WRITE_TIMEOUT: Duration = Duration::from_secs(10);
 /// The listening control socket.
 #[derive(Debug)]
 pub struct Server {
-    path: PathBuf,
-    dir: File,
-    name: CString,
-    /// Device and inode of the socket file we bound, so that only it is ever removed.
-    id: (u64, u64),
+    file: SocketFile,
     thread: thread::JoinHandle<()>,
 }
 
 impl Server {
     /// The socket's path.
     pub fn path(&self) -> &Path {
-        &self.path
+        self.file.path()
     }
 
     /// Whether the accept thread still runs.
     pub fn is_running(&self) -> bool {
         !self.thread.is_finished()
+    }
+
+    /// Removes the socket file, if the file at the path is still the socket we created.
+    pub fn remove(&self) {
+        self.file.remove();
+    }
+}
+
+/// A socket file made by [`bind`] (the control socket's, or the HTTP API's).
+#[derive(Debug)]
+pub struct SocketFile {
+    path: PathBuf,
+    dir: File,
+    name: CString,
+    /// Device and inode of the socket file we bound, so that only it is ever removed.
+    id: (u64, u64),
+}
+
+impl SocketFile {
+    /// The socket's path.
+    pub fn path(&self) -> &Path {
+        &self.path
     }
 
     /// Removes the socket file, if the file at the path is still the socket we created.
@@ -108,6 +126,15 @@ impl Server {
 /// A stale socket file is replaced; a live one, or anything that is not a socket, is an
 /// error.
 pub fn spawn(path: &Path, engine: Sender<Call>) -> Result<Server, Error> {
+    let (listener, file) = bind(path)?;
+    let active = Arc::new(AtomicUsize::new(0));
+    let thread = thread::spawn(move || accept_loop(&listener, &engine, &active));
+    Ok(Server { file, thread })
+}
+
+/// Binds a unix socket at `path` (mode 0600) in a directory only our user controls, as
+/// [`spawn`] does for the control socket; the HTTP API's socket is made the same way.
+pub fn bind(path: &Path) -> Result<(UnixListener, SocketFile), Error> {
     let name = path
         .file_name()
         .filter(|n| !n.is_empty() && *n != OsStr::new(".") && *n != OsStr::new(".."))
@@ -146,15 +173,15 @@ pub fn spawn(path: &Path, engine: Sender<Call>) -> Result<Server, Error> {
     let st = stat_at(&dir, &name)
         .map_err(|e| Error::Bind(path.into(), e))?
         .ok_or_else(|| Error::Bind(path.into(), io::ErrorKind::NotFound.into()))?;
-    let active = Arc::new(AtomicUsize::new(0));
-    let thread = thread::spawn(move || accept_loop(&listener, &engine, &active));
-    Ok(Server {
-        path: path.into(),
-        dir,
-        name,
-        id: (st.dev, st.ino),
-        thread,
-    })
+    Ok((
+        listener,
+        SocketFile {
+            path: path.into(),
+            dir,
+            name,
+            id: (st.dev, st.ino),
+        },
+    ))
 }
 
 /// Creates `dir` (mode 0700) if it is missing, then opens it without following a symbolic

@@ -3,9 +3,9 @@
 
 use std::path::PathBuf;
 
+use vmtier_api::proto::Request;
+use vmtier_api::vm::{RangeConfig, VmConfig};
 use vmtier_core::{ByteSize, HostVirtAddr, ProcessId, VmId};
-use vmtier_daemon::config::{RangeConfig, VmConfig};
-use vmtier_daemon::proto::Request;
 
 use crate::client::{Client, Error};
 
@@ -54,7 +54,7 @@ pub fn run(client: &Client, a: Args) -> Result<(), Error> {
         qmp: a.qmp,
         pid: a.pid.map(ProcessId::new),
         ranges: a.range,
-        hints: a.hints.map(vmtier_daemon::hints::HintsConfig::new),
+        hints: a.hints.map(vmtier_api::hints::HintsConfig::new),
     };
     vm.validate().map_err(|e| Error::Refused(e.to_string()))?;
     let reply = client.call(&Request::Attach { vm })?;

@@ -1,7 +1,7 @@
 //! `vmtierctl detach VM`.
 
+use vmtier_api::proto::Request;
 use vmtier_core::VmId;
-use vmtier_daemon::proto::Request;
 
 use crate::client::{Client, Error};
 

@@ -1,7 +1,7 @@
 //! `vmtierctl dom-stats DOM`: a libvirt domain's vmtier metadata and vmtierd's view of it.
 
+use vmtier_api::proto::{Reply, Request};
 use vmtier_core::VmId;
-use vmtier_daemon::proto::{Reply, Request};
 use vmtier_libvirt::conn::{self, Libvirt};
 use vmtier_libvirt::metadata::Tiering;
 

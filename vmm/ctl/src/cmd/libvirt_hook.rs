@@ -1,7 +1,7 @@
 //! `vmtierctl libvirt-hook DOMAIN OP`: what the libvirt hook (tools/libvirt-hook) runs to
 //! tell vmtierd that a domain is being prepared, started or released.
 
-use vmtier_daemon::proto::Request;
+use vmtier_api::proto::Request;
 
 use crate::client::{Client, Error};
 

@@ -1,7 +1,7 @@
 //! `vmtierctl list`.
 
+use vmtier_api::proto::{Reply, Request};
 use vmtier_core::ByteSize;
-use vmtier_daemon::proto::{Reply, Request};
 
 use crate::client::{Client, Error};
 

@@ -1,7 +1,7 @@
 //! `vmtierctl set-budget VM SIZE`.
 
+use vmtier_api::proto::Request;
 use vmtier_core::{ByteSize, VmId};
-use vmtier_daemon::proto::Request;
 
 use crate::client::{Client, Error};
 

@@ -1,7 +1,7 @@
 //! `vmtierctl status VM`.
 
+use vmtier_api::proto::{Reply, Request, VmStatus};
 use vmtier_core::{ByteSize, VmId};
-use vmtier_daemon::proto::{Reply, Request, VmStatus};
 
 use crate::client::{Client, Error};
 
@@ -85,7 +85,7 @@ pub fn render(s: &VmStatus) -> String {
 }
 
 /// The hint channel's lines of a status.
-fn render_hints(h: &vmtier_daemon::hints::HintStatus) -> String {
+fn render_hints(h: &vmtier_api::hints::HintStatus) -> String {
     let c = &h.counters;
     let conn = match (&h.connected, &h.last_error) {
         (true, _) => "connected".to_string(),
@@ -158,7 +158,7 @@ fn b(x: u64) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use vmtier_daemon::proto::{VmMetrics, VmSummary};
+    use vmtier_api::proto::{VmMetrics, VmSummary};
 
     #[test]
     fn failures_are_shown() {
@@ -187,10 +187,10 @@ mod tests {
                 source_errors: 5,
                 ..VmMetrics::default()
             },
-            hints: Some(vmtier_daemon::hints::HintStatus {
+            hints: Some(vmtier_api::hints::HintStatus {
                 socket: "/run/web1.hints".into(),
                 misbehaving: Some("the guest broke the hint protocol: 3 oversize".into()),
-                counters: vmtier_daemon::hints::HintCounters {
+                counters: vmtier_api::hints::HintCounters {
                     dropped_oversize: 3,
                     garbage_bytes: 99,
                     ..Default::default()

@@ -27,6 +27,9 @@ struct Args {
     /// Override the control socket path.
     #[arg(long)]
     socket: Option<PathBuf>,
+    /// Override the HTTP API's unix socket path (`[api] socket`).
+    #[arg(long)]
+    api_socket: Option<PathBuf>,
     /// Check the configuration and exit.
     #[arg(long)]
     check: bool,
@@ -80,6 +83,9 @@ fn main() -> ExitCode {
     #[cfg(feature = "libvirt")]
     if let Some(uri) = args.connect {
         cfg.libvirt.get_or_insert_with(Default::default).uri = uri;
+    }
+    if let Some(s) = args.api_socket {
+        cfg.api.socket = s;
     }
     if args.check {
         println!("{}: ok ({} VMs)", args.config.display(), cfg.vms.len());
@@ -135,10 +141,24 @@ fn main() -> ExitCode {
     }
 
     let (tx, rx) = mpsc::channel::<server::Call>();
+    let api = if cfg.api.enable {
+        match vmtier_daemon::http::spawn(&cfg.api, tx.clone()) {
+            Ok(s) => Some(s),
+            Err(e) => {
+                error!("{}", chain(&e));
+                return ExitCode::from(2);
+            }
+        }
+    } else {
+        None
+    };
     let server = match server::spawn(&cfg.daemon.socket, tx) {
         Ok(s) => s,
         Err(e) => {
             error!("{}", chain(&e));
+            if let Some(a) = &api {
+                a.remove();
+            }
             return ExitCode::from(2);
         }
     };
@@ -217,6 +237,9 @@ fn main() -> ExitCode {
         let _ = engine.detach(&name);
     }
     server.remove();
+    if let Some(a) = &api {
+        a.remove();
+    }
     ExitCode::SUCCESS
 }
 

@@ -11,7 +11,7 @@
 use serde::{Deserialize, Serialize};
 use vmtier_core::{ByteSize, NodeId, VmId};
 
-use crate::config::{self, VmConfig};
+use crate::vm::{self, VmConfig};
 
 /// Longest request line in bytes, without its newline. The server never buffers more.
 pub const MAX_REQUEST_LINE: usize = 64 << 10;
@@ -31,8 +31,8 @@ pub enum DecodeError {
 }
 
 /// Decodes one request line (without its newline): `Ok(None)` for a blank line, else the
-/// request, checked as the configuration is (a VM to attach must be a valid `[[vm]]`, a
-/// budget at most [`config::MAX_BUDGET`]). The server calls it for every line it reads; the
+/// request, checked as the daemon's configuration is (a VM to attach must be a valid `[[vm]]`, a
+/// budget at most [`vm::MAX_BUDGET`]). The server calls it for every line it reads; the
 /// `control` fuzz target calls it with arbitrary bytes. Never panics, allocates in
 /// proportion to the line.
 pub fn decode_request(line: &[u8]) -> Result<Option<Request>, DecodeError> {
@@ -43,20 +43,40 @@ pub fn decode_request(line: &[u8]) -> Result<Option<Request>, DecodeError> {
         return Ok(None);
     }
     let req: Request = serde_json::from_slice(line).map_err(DecodeError::Json)?;
-    match &req {
-        Request::Attach { vm } => vm.validate().map_err(|e| match e {
-            config::Error::Invalid(reason) => DecodeError::Invalid(reason),
-            e => DecodeError::Invalid(e.to_string()),
-        })?,
-        Request::SetBudget { vm, budget } if budget.0 > config::MAX_BUDGET => {
+    check_request(&req)?;
+    Ok(Some(req))
+}
+
+/// Checks a decoded request as the configuration is checked; the control socket
+/// ([`decode_request`]) and the HTTP API call it for every request.
+pub fn check_request(req: &Request) -> Result<(), DecodeError> {
+    match req {
+        Request::Attach { vm } => vm
+            .validate()
+            .map_err(|vm::Error::Invalid(reason)| DecodeError::Invalid(reason))?,
+        Request::SetBudget { vm, budget } if budget.0 > vm::MAX_BUDGET => {
             return Err(DecodeError::Invalid(format!(
                 "budget {budget} for {vm} is above the largest, {}",
-                ByteSize(config::MAX_BUDGET)
+                ByteSize(vm::MAX_BUDGET)
             )));
         }
+        Request::SetTiering { vm, change } => match change.budget {
+            Some(budget) if budget.0 > vm::MAX_BUDGET => {
+                return Err(DecodeError::Invalid(format!(
+                    "budget {budget} for {vm} is above the largest, {}",
+                    ByteSize(vm::MAX_BUDGET)
+                )));
+            }
+            _ if change.is_empty() => {
+                return Err(DecodeError::Invalid(format!(
+                    "nothing to change for {vm}: give budget, policy, params or enabled"
+                )));
+            }
+            _ => {}
+        },
         _ => {}
     }
-    Ok(Some(req))
+    Ok(())
 }
 
 /// A request.
@@ -95,6 +115,20 @@ pub enum Request {
         /// The hook's operation (`prepare`, `start`, `started`, `stopped`, `release`...).
         op: String,
     },
+    /// A VM's tiering settings.
+    Tiering {
+        /// The VM.
+        vm: VmId,
+    },
+    /// Changes a VM's tiering settings, all or nothing; omitted fields keep their value.
+    SetTiering {
+        /// The VM.
+        vm: VmId,
+        /// The change.
+        change: TieringChange,
+    },
+    /// Every VM's status and the daemon's tick statistics, for `/metrics`.
+    Metrics {},
 }
 
 /// A response: `{"ok": Reply}` or `{"error": "message"}`.
@@ -123,6 +157,154 @@ pub enum Reply {
         /// What was done.
         message: String,
     },
+    /// For `tiering` and `set-tiering` (the settings after the change).
+    Tiering(Tiering),
+    /// For `metrics`.
+    Metrics(Box<DaemonMetrics>),
+}
+
+/// A VM's tiering settings.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Tiering {
+    /// DRAM budget, bytes.
+    pub budget_bytes: u64,
+    /// Placement policy in use.
+    pub policy: String,
+    /// The policy's parameters as last set through the API; `null`: the daemon's
+    /// `[daemon.policy_params]` (or the policy's defaults).
+    pub params: Option<serde_json::Map<String, serde_json::Value>>,
+    /// Whether ticks place the VM's memory; a disabled VM's pages stay where they are.
+    pub enabled: bool,
+}
+
+/// A change of tiering settings (`set-tiering`); every field is optional, at least one is
+/// given. A new `policy` starts without state, with `params` (or its defaults); `params`
+/// alone rebuilds the current policy with them.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TieringChange {
+    /// New DRAM budget.
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        deserialize_with = "crate::no_null"
+    )]
+    pub budget: Option<ByteSize>,
+    /// New placement policy (a name from the registry).
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        deserialize_with = "crate::no_null"
+    )]
+    pub policy: Option<String>,
+    /// The policy's parameters, as in `[daemon.policy_params]`.
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        deserialize_with = "crate::no_null"
+    )]
+    pub params: Option<serde_json::Map<String, serde_json::Value>>,
+    /// Start (`true`) or pause (`false`) placing the VM's memory.
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        deserialize_with = "crate::no_null"
+    )]
+    pub enabled: Option<bool>,
+}
+
+impl TieringChange {
+    /// Whether nothing would change.
+    pub fn is_empty(&self) -> bool {
+        self == &Self::default()
+    }
+}
+
+/// `GET /v1/health`: the engine answered.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Health {
+    /// `ok`.
+    pub status: String,
+    /// vmtierd's version.
+    pub version: String,
+    /// VMs managed (any state).
+    pub vms: u64,
+    /// VMs no longer managed because of an error (`failed: ...`).
+    pub failed: u64,
+    /// Time the engine took to answer, microseconds.
+    pub engine_latency_us: u64,
+}
+
+/// `GET /v1/vms`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct VmList {
+    /// One entry per VM.
+    pub vms: Vec<VmSummary>,
+}
+
+/// What a change (attach, detach) did, or why a request failed.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Message {
+    /// What was done.
+    pub message: String,
+}
+
+/// An HTTP API error body.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ApiError {
+    /// Why; nothing changed.
+    pub error: String,
+}
+
+/// Upper bounds of the tick duration histogram's buckets, seconds (`+Inf` is implied).
+pub const TICK_BUCKETS_S: [f64; 12] = [
+    0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0,
+];
+
+/// Durations of whole engine ticks (all VMs), in the buckets of [`TICK_BUCKETS_S`].
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct TickHistogram {
+    /// Ticks per bucket, not cumulative: `counts[i]` took at most `TICK_BUCKETS_S[i]`
+    /// and more than the bucket before; the last entry counts the longer ones.
+    pub counts: Vec<u64>,
+    /// Sum of all tick durations, seconds.
+    pub sum_seconds: f64,
+    /// Ticks.
+    pub count: u64,
+}
+
+impl TickHistogram {
+    /// Counts one tick of `seconds`.
+    pub fn observe(&mut self, seconds: f64) {
+        if self.counts.len() != TICK_BUCKETS_S.len() + 1 {
+            self.counts = vec![0; TICK_BUCKETS_S.len() + 1];
+        }
+        let i = TICK_BUCKETS_S
+            .iter()
+            .position(|&b| seconds <= b)
+            .unwrap_or(TICK_BUCKETS_S.len());
+        self.counts[i] = self.counts[i].saturating_add(1);
+        self.sum_seconds += seconds;
+        self.count = self.count.saturating_add(1);
+    }
+}
+
+/// What `metrics` returns: a snapshot taken between ticks.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct DaemonMetrics {
+    /// Every managed VM's status (failed ones too).
+    pub vms: Vec<VmStatus>,
+    /// VMs whose tiering is paused (`enabled: false`).
+    pub disabled: Vec<VmId>,
+    /// Tick durations.
+    pub ticks: TickHistogram,
 }
 
 /// One VM in `list`.
@@ -235,6 +417,38 @@ mod tests {
                     vm: "a".parse().unwrap(),
                 }),
             ),
+            (
+                r#"{"cmd":"set-tiering","vm":"a","change":{"budget":"1M","enabled":false}}"#,
+                Some(Request::SetTiering {
+                    vm: "a".parse().unwrap(),
+                    change: TieringChange {
+                        budget: Some(ByteSize(1 << 20)),
+                        enabled: Some(false),
+                        ..TieringChange::default()
+                    },
+                }),
+            ),
+            (r#"{"cmd":"metrics"}"#, Some(Request::Metrics {})),
+            (
+                r#"{"cmd":"tiering","vm":"a"}"#,
+                Some(Request::Tiering {
+                    vm: "a".parse().unwrap(),
+                }),
+            ),
+            // null is not "leave it": a client that sends it is told.
+            (
+                r#"{"cmd":"set-tiering","vm":"a","change":{"enabled":null}}"#,
+                None,
+            ),
+            (
+                r#"{"cmd":"set-tiering","vm":"a","change":{"budgte":"1M"}}"#,
+                None,
+            ),
+            (r#"{"cmd":"set-tiering","vm":"a","budget":"1M"}"#, None),
+            (
+                r#"{"cmd":"attach","vm":{"name":"a","budget":1,"qmp":"/q","pid":null}}"#,
+                None,
+            ),
             (r#"{"cmd":"list","extra":1}"#, None),
             (r#"{"cmd":"explode"}"#, None),
             (r#"{"cmd":"status","vm":"bad name"}"#, None),
@@ -254,7 +468,7 @@ mod tests {
     fn request_lines_are_decoded_and_checked() {
         let long = format!("{{\"cmd\":\"list\"}}{}", " ".repeat(MAX_REQUEST_LINE));
         type Want = Result<Option<Request>, &'static str>;
-        let cases: [(&[u8], Want); 10] = [
+        let cases: [(&[u8], Want); 13] = [
             (b"", Ok(None)),
             (b" \t\r", Ok(None)),
             (br#"{"cmd":"list"}"#, Ok(Some(Request::List {}))),
@@ -265,6 +479,9 @@ mod tests {
             (br#"{"cmd":"attach","vm":{"name":"a","budget":"1G"}}"#, Err("Invalid request: VM a: give qmp")),
             (br#"{"cmd":"attach","vm":{"name":"a","budget":"1G","qmp":"/q"}}"#, Ok(Some(Request::Attach { vm: VmConfig { name: "a".parse().unwrap(), budget: ByteSize(1 << 30), qmp: Some("/q".into()), pid: None, ranges: vec![], hints: None } }))),
             (long.as_bytes(), Err("Request longer than 65536 bytes")),
+            (br#"{"cmd":"set-tiering","vm":"a","change":{}}"#, Err("Invalid request: nothing to change for a")),
+            (br#"{"cmd":"set-tiering","vm":"a","change":{"budget":"1025T"}}"#, Err("Invalid request: budget 1025 TiB for a is above the largest")),
+            (br#"{"cmd":"set-tiering","vm":"a","change":{"policy":"memtierd","params":{"x":1}}}"#, Ok(Some(Request::SetTiering { vm: "a".parse().unwrap(), change: TieringChange { policy: Some("memtierd".into()), params: serde_json::json!({"x": 1}).as_object().cloned(), ..TieringChange::default() } }))),
         ];
         for (line, want) in cases {
             let got = decode_request(line);
@@ -276,6 +493,28 @@ mod tests {
                 }
                 _ => panic!("{:?}: {got:?}", String::from_utf8_lossy(line)),
             }
+        }
+    }
+
+    #[test]
+    fn tick_durations_land_in_their_buckets() {
+        // (durations, (bucket, count) pairs, total)
+        type Case = (&'static [f64], &'static [(usize, u64)], u64);
+        let cases: [Case; 3] = [
+            (&[], &[], 0),
+            (&[0.0, 0.001, 0.0011], &[(0, 2), (1, 1)], 3),
+            (&[5.0, 5.1, f64::INFINITY], &[(11, 1), (12, 2)], 3),
+        ];
+        for (secs, want, count) in cases {
+            let mut h = TickHistogram::default();
+            for &s in secs {
+                h.observe(s);
+            }
+            assert_eq!(h.count, count, "{secs:?}");
+            for &(i, n) in want {
+                assert_eq!(h.counts[i], n, "{secs:?} bucket {i}");
+            }
+            assert_eq!(h.counts.iter().sum::<u64>(), count, "{secs:?}");
         }
     }
 
