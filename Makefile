@@ -28,9 +28,10 @@ guest:
 demo: build
 	tests/testbed/run -- $(BIN)/tbcheck daemon --elf $(GUEST) --demo
 
-# Everything: unit tests, lints, a short fuzzing pass, the guest's own smoke test, the testbed suite.
+# Everything: unit tests, lints, a short fuzzing pass, the guest's own smoke test, install into a
+# scratch root and the Debian package (tools/test-install), the testbed suite.
 test: build
-	$(MAKE) --no-print-directory test-unit lint fuzz-short test-guest test-testbed
+	$(MAKE) --no-print-directory test-unit lint fuzz-short test-guest test-install-checked test-testbed
 
 test-unit:
 	$(CARGO) test --workspace --locked
@@ -138,7 +139,7 @@ agent-nested: build
 # module's DKMS source tree under $(DESTDIR) (docs/packaging.md). Run `make build` first.
 DESTDIR ?=
 PREFIX ?= /usr
-.PHONY: install test-install
+.PHONY: install test-install test-install-checked
 VMTIER_VERSION := $(shell sed -n 's/^version = "\(.*\)"/\1/p' Cargo.toml | head -n 1)
 install:
 	install -d -m 0755 $(DESTDIR)$(PREFIX)/sbin $(DESTDIR)$(PREFIX)/bin $(DESTDIR)/lib/systemd/system \
@@ -153,6 +154,10 @@ install:
 
 # make install into a scratch root, checked (tools/test-install).
 test-install: build
+	tools/test-install
+
+# The same inside make test (which has built already).
+test-install-checked:
 	tools/test-install
 
 # A Debian package built from the `make install` tree with dpkg-deb (target/vmtier_VERSION_amd64.deb).
