@@ -528,21 +528,10 @@ pub fn run(c: &mut Checks, a: &ApiArgs) {
     let m = curl(&unix, "GET", "/metrics", None, None);
     let prom = run_dir.join("metrics.txt");
     let _ = std::fs::write(&prom, &m.body);
-    let check = Command::new("promtool")
-        .args(["check", "metrics"])
-        .stdin(std::fs::File::open(&prom).map_or_else(|_| std::process::Stdio::null(), Into::into))
-        .output();
-    let (ok, why) = match check {
-        Ok(o) => (
-            o.status.success(),
-            format!(
-                "{}{}",
-                String::from_utf8_lossy(&o.stdout),
-                String::from_utf8_lossy(&o.stderr)
-            ),
-        ),
-        Err(e) => (false, format!("promtool: {e}")),
-    };
+    let (ok, why) =
+        crate::check::output(Command::new("promtool").args(["check", "metrics"]).stdin(
+            std::fs::File::open(&prom).map_or_else(|_| std::process::Stdio::null(), Into::into),
+        ));
     c.check(
         m.status == 200 && ok,
         "promtool check metrics accepts /metrics",
@@ -640,40 +629,30 @@ fn contract(c: &mut Checks, a: &ApiArgs, tmp: &Path, run_dir: &Path, bearer: &st
         |r| Path::new(&r).join("docs/openapi.yaml"),
     );
     let t = Instant::now();
-    let out = Command::new(&st)
-        .current_dir(tmp)
-        .env("HOME", tmp)
-        .arg("run")
-        .arg(&doc)
-        .args(["--url", &format!("http://127.0.0.1:{}", a.port)])
-        .args(["-H", &format!("Authorization: {bearer}")])
-        .args([
-            "--checks",
-            "all",
-            "--exclude-checks",
-            "positive_data_acceptance",
-        ])
-        .args(["--max-examples", &a.examples.to_string(), "--workers", "1"])
-        .args(["--phases", &a.phases, "--rate-limit", "15/s"])
-        // Attaching generated processes would let it move arbitrary processes' pages;
-        // detaching the guest (whose name it learns from answers) would end the test.
-        .args(["--exclude-operation-id", "attachVm"])
-        .args(["--exclude-operation-id", "detachVm", "--no-color"])
-        .output();
-    let (ok, text) = match out {
-        Ok(o) => (
-            o.status.success(),
-            format!(
-                "{}{}",
-                String::from_utf8_lossy(&o.stdout),
-                String::from_utf8_lossy(&o.stderr)
-            ),
-        ),
-        Err(e) => (
-            false,
-            format!("{}: {e} (run tools/install-deps)", st.display()),
-        ),
-    };
+    let (ok, mut text) = crate::check::output(
+        Command::new(&st)
+            .current_dir(tmp)
+            .env("HOME", tmp)
+            .arg("run")
+            .arg(&doc)
+            .args(["--url", &format!("http://127.0.0.1:{}", a.port)])
+            .args(["-H", &format!("Authorization: {bearer}")])
+            .args([
+                "--checks",
+                "all",
+                "--exclude-checks",
+                "positive_data_acceptance",
+            ])
+            .args(["--max-examples", &a.examples.to_string(), "--workers", "1"])
+            .args(["--phases", &a.phases, "--rate-limit", "15/s"])
+            // Attaching generated processes would let it move arbitrary processes' pages;
+            // detaching the guest (whose name it learns from answers) would end the test.
+            .args(["--exclude-operation-id", "attachVm"])
+            .args(["--exclude-operation-id", "detachVm", "--no-color"]),
+    );
+    if !ok && text.contains("No such file") {
+        text.push_str(" (run tools/install-deps)");
+    }
     let _ = std::fs::write(run_dir.join("schemathesis.txt"), &text);
     let summary = text
         .lines()

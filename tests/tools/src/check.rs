@@ -1,6 +1,7 @@
 //! Assertion bookkeeping: TAP-like lines, counted.
 
 use std::fmt::Display;
+use std::process::Command;
 use std::process::ExitCode;
 
 /// How times measured here should be read, from the accelerator the testbed really used
@@ -11,6 +12,24 @@ pub fn clock() -> &'static str {
         Ok("tcg") => "TCG-emulated",
         Ok("kvm") => "KVM",
         _ => "host",
+    }
+}
+
+/// Runs `cmd` to completion: (exit status 0, stdout then stderr, trimmed), or (false, the
+/// reason it could not start).
+pub fn output(cmd: &mut Command) -> (bool, String) {
+    match cmd.output() {
+        Ok(o) => (
+            o.status.success(),
+            format!(
+                "{}{}",
+                String::from_utf8_lossy(&o.stdout),
+                String::from_utf8_lossy(&o.stderr)
+            )
+            .trim()
+            .to_owned(),
+        ),
+        Err(e) => (false, format!("{:?}: {e}", cmd.get_program())),
     }
 }
 

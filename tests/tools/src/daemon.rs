@@ -76,22 +76,12 @@ pub struct Probe {
 impl Probe {
     /// Runs vmtierctl with `args`; returns (success, stdout + stderr).
     pub fn ctl(&self, args: &[&str]) -> (bool, String) {
-        match Command::new(self.bin.join("vmtierctl"))
-            .arg("--socket")
-            .arg(&self.socket)
-            .args(args)
-            .output()
-        {
-            Ok(o) => (
-                o.status.success(),
-                format!(
-                    "{}{}",
-                    String::from_utf8_lossy(&o.stdout),
-                    String::from_utf8_lossy(&o.stderr)
-                ),
-            ),
-            Err(e) => (false, e.to_string()),
-        }
+        crate::check::output(
+            Command::new(self.bin.join("vmtierctl"))
+                .arg("--socket")
+                .arg(&self.socket)
+                .args(args),
+        )
     }
 
     /// `vmtierctl --json status VM`, parsed.

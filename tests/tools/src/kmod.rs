@@ -39,19 +39,7 @@ pub(crate) fn me() -> ProcessId {
 }
 
 pub fn sh(cmd: &str) -> (bool, String) {
-    match Command::new("sh").arg("-c").arg(cmd).output() {
-        Ok(o) => (
-            o.status.success(),
-            format!(
-                "{}{}",
-                String::from_utf8_lossy(&o.stdout),
-                String::from_utf8_lossy(&o.stderr)
-            )
-            .trim()
-            .to_owned(),
-        ),
-        Err(e) => (false, e.to_string()),
-    }
+    crate::check::output(Command::new("sh").arg("-c").arg(cmd))
 }
 
 /// The module's own counters from debugfs.

@@ -65,19 +65,7 @@ pub struct LibvirtArgs {
 
 /// `virsh -c URI ARGS`: (success, stdout + stderr).
 fn virsh(args: &[&str]) -> (bool, String) {
-    match Command::new("virsh").arg("-c").arg(URI).args(args).output() {
-        Ok(o) => (
-            o.status.success(),
-            format!(
-                "{}{}",
-                String::from_utf8_lossy(&o.stdout),
-                String::from_utf8_lossy(&o.stderr)
-            )
-            .trim()
-            .to_owned(),
-        ),
-        Err(e) => (false, e.to_string()),
-    }
+    crate::check::output(Command::new("virsh").arg("-c").arg(URI).args(args))
 }
 
 /// A domain's XML: direct kernel boot of the workload guest, RAM strictly on node 1, the
@@ -232,20 +220,10 @@ pub fn run(c: &mut Checks, a: &LibvirtArgs) {
         .and_then(|p| p.parent().map(|d| d.join("vmtierctl")))
         .unwrap_or_default();
     let t = Instant::now();
-    let out = Command::new(&up)
-        .env("VMTIER_HOOK_VMTIERCTL", &ctl)
-        .env("VMTIER_HOOK_SOCKET", &socket)
-        .output();
-    let ok = out.as_ref().is_ok_and(|o| o.status.success());
-    let text = out.map_or_else(
-        |e| e.to_string(),
-        |o| {
-            format!(
-                "{}{}",
-                String::from_utf8_lossy(&o.stdout),
-                String::from_utf8_lossy(&o.stderr)
-            )
-        },
+    let (ok, text) = crate::check::output(
+        Command::new(&up)
+            .env("VMTIER_HOOK_VMTIERCTL", &ctl)
+            .env("VMTIER_HOOK_SOCKET", &socket),
     );
     if !c.check(
         ok,
