@@ -60,6 +60,12 @@ pub fn check_request(req: &Request) -> Result<(), DecodeError> {
                 ByteSize(vm::MAX_BUDGET)
             )));
         }
+        Request::Heatmap { vm, ticks: Some(n) } if !(1..=crate::heatmap::MAX_TICKS).contains(n) => {
+            return Err(DecodeError::Invalid(format!(
+                "ticks {n} for {vm} is out of range: 1 to {}",
+                crate::heatmap::MAX_TICKS
+            )));
+        }
         Request::SetTiering { vm, change } => match change.budget {
             Some(budget) if budget.0 > vm::MAX_BUDGET => {
                 return Err(DecodeError::Invalid(format!(
@@ -129,6 +135,18 @@ pub enum Request {
     },
     /// Every VM's status and the daemon's tick statistics, for `/metrics`.
     Metrics {},
+    /// A VM's last ticks over its guest-physical address space (the tick ring).
+    Heatmap {
+        /// The VM.
+        vm: VmId,
+        /// At most this many of the newest ticks; default all the ring holds.
+        #[serde(
+            default,
+            skip_serializing_if = "Option::is_none",
+            deserialize_with = "crate::no_null"
+        )]
+        ticks: Option<u32>,
+    },
 }
 
 /// A response: `{"ok": Reply}` or `{"error": "message"}`.
@@ -161,6 +179,8 @@ pub enum Reply {
     Tiering(Tiering),
     /// For `metrics`.
     Metrics(Box<DaemonMetrics>),
+    /// For `heatmap`.
+    Heatmap(Box<crate::heatmap::Heatmap>),
 }
 
 /// A VM's tiering settings.
@@ -430,6 +450,22 @@ mod tests {
             ),
             (r#"{"cmd":"metrics"}"#, Some(Request::Metrics {})),
             (
+                r#"{"cmd":"heatmap","vm":"a","ticks":30}"#,
+                Some(Request::Heatmap {
+                    vm: "a".parse().unwrap(),
+                    ticks: Some(30),
+                }),
+            ),
+            (
+                r#"{"cmd":"heatmap","vm":"a"}"#,
+                Some(Request::Heatmap {
+                    vm: "a".parse().unwrap(),
+                    ticks: None,
+                }),
+            ),
+            (r#"{"cmd":"heatmap","vm":"a","ticks":null}"#, None),
+            (r#"{"cmd":"heatmap","vm":"a","ticks":-1}"#, None),
+            (
                 r#"{"cmd":"tiering","vm":"a"}"#,
                 Some(Request::Tiering {
                     vm: "a".parse().unwrap(),
@@ -468,7 +504,9 @@ mod tests {
     fn request_lines_are_decoded_and_checked() {
         let long = format!("{{\"cmd\":\"list\"}}{}", " ".repeat(MAX_REQUEST_LINE));
         type Want = Result<Option<Request>, &'static str>;
-        let cases: [(&[u8], Want); 13] = [
+        let cases: [(&[u8], Want); 15] = [
+            (br#"{"cmd":"heatmap","vm":"a","ticks":0}"#, Err("Invalid request: ticks 0 for a is out of range: 1 to 100000")),
+            (br#"{"cmd":"heatmap","vm":"a","ticks":100000}"#, Ok(Some(Request::Heatmap { vm: "a".parse().unwrap(), ticks: Some(100_000) }))),
             (b"", Ok(None)),
             (b" \t\r", Ok(None)),
             (br#"{"cmd":"list"}"#, Ok(Some(Request::List {}))),

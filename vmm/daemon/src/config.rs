@@ -145,7 +145,18 @@ pub struct ApiConfig {
     /// Requests per second over all clients, with bursts of as many (more: 429). 1 to
     /// 10000. Default 50.
     pub rate_limit_per_s: u32,
+    /// Ticks each VM's tick ring keeps for `heatmap` (docs/daemon.md); 0 keeps none.
+    /// 0 to 3600. Default 120.
+    pub heatmap_ticks: u32,
+    /// Address buckets per tick in the ring (fewer when the VM has fewer granules).
+    /// 1 to 4096. Default 256.
+    pub heatmap_buckets: u32,
 }
+
+/// `[api] heatmap_ticks`: 0 to 3600.
+pub const API_HEATMAP_TICKS: RangeInclusive<u64> = 0..=3600;
+/// `[api] heatmap_buckets`: 1 to 4096.
+pub const API_HEATMAP_BUCKETS: RangeInclusive<u64> = 1..=4096;
 
 /// `[api] max_body_bytes`: 1 KiB to 1 MiB.
 pub const API_MAX_BODY: RangeInclusive<u64> = 1024..=(1 << 20);
@@ -161,6 +172,8 @@ impl Default for ApiConfig {
             token_file: None,
             max_body_bytes: 64 << 10,
             rate_limit_per_s: 50,
+            heatmap_ticks: crate::ring::DEFAULT_TICKS,
+            heatmap_buckets: crate::ring::DEFAULT_BUCKETS,
         }
     }
 }
@@ -288,7 +301,21 @@ impl Config {
                 "/s",
             ),
         ];
-        for (key, value, range, unit) in bounds {
+        let heatmap = [
+            (
+                "api.heatmap_ticks",
+                self.api.heatmap_ticks.into(),
+                API_HEATMAP_TICKS,
+                " ticks",
+            ),
+            (
+                "api.heatmap_buckets",
+                self.api.heatmap_buckets.into(),
+                API_HEATMAP_BUCKETS,
+                " buckets",
+            ),
+        ];
+        for (key, value, range, unit) in bounds.into_iter().chain(heatmap) {
             if !range.contains(&value) {
                 return Err(Error::Invalid(format!(
                     "{key} {value} is out of range: {}{unit} to {}{unit}",
@@ -504,6 +531,9 @@ mod tests {
             ("[api]\nlisten = \"localhost:9464\"\n", "line 2, column 10"),
             ("[api]\nmax_body_bytes = 100\n", "api.max_body_bytes 100 is out of range: 1024 bytes to 1048576 bytes"),
             ("[api]\nrate_limit_per_s = 0\n", "api.rate_limit_per_s 0 is out of range: 1/s to 10000/s"),
+            ("[api]\nheatmap_ticks = 3601\n", "api.heatmap_ticks 3601 is out of range: 0 ticks to 3600 ticks"),
+            ("[api]\nheatmap_buckets = 0\n", "api.heatmap_buckets 0 is out of range: 1 buckets to 4096 buckets"),
+            ("[api]\nheatmap_bucket = 8\n", "unknown field `heatmap_bucket`"),
             ("[api]\nsocket = \"/\"\n", "api.socket \"/\": give a file path"),
             ("[api]\ntoken = \"x\"\n", "unknown field `token`"),
             ("[api]\nsocket = \"/run/vmtier/vmtierd.sock\"\n", "api.socket and daemon.socket are both"),

@@ -50,6 +50,8 @@ use vmtier_sources::store::{Error as StoreError, HotnessStore, StoreConfig, HIST
 
 use crate::hints::{HintFeed, HintParts, HintTracker, MISBEHAVING_FOR};
 use crate::proto::{NodeBytes, Reply, Request, Response, VmMetrics, VmStatus, VmSummary};
+use crate::ring::{RingSize, TickInfo, TickRing};
+use vmtier_api::heatmap::Heatmap;
 use vmtier_api::proto::{DaemonMetrics, TickHistogram, Tiering, TieringChange};
 
 /// Error of an engine operation (an API request or an attach).
@@ -300,6 +302,8 @@ struct Vm {
     recheck_due: bool,
     /// The guest hint channel.
     hints: Option<VmHints>,
+    /// The last ticks over the guest's RAM, for `heatmap`.
+    ring: TickRing,
 }
 
 /// A VM's hint channel and the trust placed in it.
@@ -329,6 +333,8 @@ pub struct Engine {
     locator: Box<dyn PageLocator>,
     /// Durations of whole ticks.
     tick_hist: TickHistogram,
+    /// Size of each VM's tick ring.
+    ring_size: RingSize,
 }
 
 impl std::fmt::Debug for Engine {
@@ -353,7 +359,34 @@ impl Engine {
             migrator,
             locator,
             tick_hist: TickHistogram::default(),
+            ring_size: RingSize::default(),
         }
+    }
+
+    /// Sets the size of the tick rings of VMs attached from now on (`[api] heatmap_ticks`,
+    /// `heatmap_buckets`).
+    pub fn set_ring_size(&mut self, size: RingSize) {
+        self.ring_size = size;
+    }
+
+    /// A VM's last `ticks` ticks (all the ring holds with `None`) over its guest RAM.
+    pub fn heatmap(&self, name: &VmId, ticks: Option<u32>) -> Result<Heatmap, Error> {
+        let vm = self
+            .vms
+            .get(name)
+            .ok_or_else(|| Error::NoSuchVm(name.clone()))?;
+        Ok(Heatmap {
+            vm: name.clone(),
+            policy: vm.parts.policy.name().into(),
+            budget_bytes: vm.budget_bytes,
+            total_bytes: vm.layout.total_bytes(),
+            granule_bytes: self.cfg.granule.bytes(),
+            interval_ms: u64::try_from(self.cfg.interval.as_millis()).unwrap_or(u64::MAX),
+            capacity_ticks: vm.ring.capacity(),
+            ranges: vm.ring.ranges().to_vec(),
+            buckets: vm.ring.buckets(),
+            ticks: vm.ring.rows(ticks),
+        })
     }
 
     /// The configuration.
@@ -400,6 +433,7 @@ impl Engine {
         )
         .map_err(|e| Error::Store(name.clone(), e))?;
         let (source, reason) = source(&layout).map_err(|e| Error::Source(name.clone(), e))?;
+        let ring = TickRing::new(self.ring_size, &layout, &store);
         info!(
             "{name}: attached {} ({} guest RAM in {} ranges), budget {budget}, {reason}, policy {}",
             backend.describe(),
@@ -434,6 +468,7 @@ impl Engine {
             }),
             enabled: true,
             params: None,
+            ring,
         };
         self.migrator.add_layout(&vm.layout);
         if let Err(e) = refresh_placement(&self.cfg, self.locator.as_mut(), &mut vm) {
@@ -727,6 +762,9 @@ impl Engine {
             Request::Tiering { vm } => self.tiering(&vm).map(Reply::Tiering),
             Request::SetTiering { vm, change } => self.set_tiering(&vm, change).map(Reply::Tiering),
             Request::Metrics {} => Ok(Reply::Metrics(Box::new(self.metrics()))),
+            Request::Heatmap { vm, ticks } => self
+                .heatmap(&vm, ticks)
+                .map(|h| Reply::Heatmap(Box::new(h))),
             // Before building: a managed name is refused without touching the VM's QMP.
             Request::Attach { vm } if self.vms.contains_key(&vm.name) => {
                 Err(Error::Exists(vm.name))
@@ -994,6 +1032,17 @@ fn tick_vm(
     }
     let fast_bytes = vm.store.tier_bytes().fast;
     vm.metrics.max_fast_bytes = vm.metrics.max_fast_bytes.max(fast_bytes);
+    let unix_ms = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX));
+    vm.ring.push(
+        TickInfo {
+            tick: vm.tick,
+            unix_ms,
+            budget_bytes: vm.budget_bytes,
+        },
+        vm.store.records(),
+    );
     Ok(())
 }
 
@@ -1308,6 +1357,7 @@ fn recheck_layout(
             migrator.add_layout(&l);
             vm.store = store;
             vm.layout = l;
+            vm.ring = TickRing::new(vm.ring.size(), &vm.layout, &vm.store);
             vm.retries.clear();
             vm.problems.clear(&name, Component::Layout);
             Ok(())
@@ -1604,6 +1654,48 @@ mod tests {
             .filter(|i| g.node[&(7, BASE + off + i * 4096)].raw() == 0)
             .count() as u64
             * 4096
+    }
+
+    #[test]
+    fn the_heatmap_shows_the_hot_set_hot_and_in_dram_and_keeps_the_newest_ticks() {
+        let len = 256 * MIB;
+        let w = world(len);
+        // Hot set: [64 MiB, 96 MiB) of the guest.
+        let hot = Arc::new(Mutex::new((64 * MIB, 32 * MIB)));
+        let mut e = engine(&w, 1000);
+        e.set_ring_size(RingSize {
+            ticks: 6,
+            buckets: 16,
+        });
+        let vm: VmId = "g".parse().unwrap();
+        e.attach(vm.clone(), ByteSize(64 * MIB), parts(&w, len, &hot))
+            .unwrap();
+        assert!(e.heatmap(&vm, None).unwrap().ticks.is_empty());
+        for _ in 0..10 {
+            e.tick();
+        }
+        let h = e.heatmap(&vm, None).unwrap();
+        assert_eq!(h.buckets.len(), 16);
+        assert_eq!((h.capacity_ticks, h.budget_bytes), (6, 64 * MIB));
+        let ticks: Vec<u64> = h.ticks.iter().map(|r| r.tick).collect();
+        assert_eq!(ticks, vec![5, 6, 7, 8, 9, 10]);
+        let hot_b = h.buckets_within(64 * MIB, 96 * MIB);
+        assert_eq!(hot_b, vec![4, 5]);
+        let last = h.ticks.last().unwrap();
+        for (i, b) in h.buckets.iter().enumerate() {
+            if hot_b.contains(&i) {
+                assert!(
+                    last.heat_max[i] >= 16 && last.dram[i] == 255,
+                    "{b:?}: {last:?}"
+                );
+            } else {
+                assert_eq!(last.heat_max[i], 0, "{b:?}: {last:?}");
+            }
+        }
+        assert_eq!(last.fast_bytes, e.status(&vm).unwrap().summary.fast_bytes);
+        assert_eq!(e.heatmap(&vm, Some(2)).unwrap().ticks.len(), 2);
+        let nobody: VmId = "nobody".parse().unwrap();
+        assert!(matches!(e.heatmap(&nobody, None), Err(Error::NoSuchVm(_))));
     }
 
     #[test]

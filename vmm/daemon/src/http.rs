@@ -394,6 +394,35 @@ async fn nodes(
     }
 }
 
+/// `?ticks=N`, the only query a heatmap takes.
+fn heatmap_ticks(query: Option<&str>) -> Result<Option<u32>, Failure> {
+    let Some(q) = query.filter(|q| !q.is_empty()) else {
+        return Ok(None);
+    };
+    match q.split_once('=') {
+        Some(("ticks", n)) if !n.contains('&') => n
+            .parse::<u32>()
+            .map(Some)
+            .map_err(|_| Failure::bad(format!("Invalid request: ticks {n:?} is not a count"))),
+        _ => Err(Failure::bad(format!(
+            "Invalid request: unknown query {q:?} (give ticks=N or nothing)"
+        ))),
+    }
+}
+
+async fn heatmap(
+    State(app): State<App>,
+    UrlPath(vm): UrlPath<String>,
+    uri: axum::http::Uri,
+) -> Result<HttpResponse, Failure> {
+    let vm = vm_id(&vm)?;
+    let ticks = heatmap_ticks(uri.query())?;
+    match app.call(Request::Heatmap { vm, ticks }).await? {
+        Reply::Heatmap(h) => Ok(Json(*h).into_response()),
+        r => Err(Failure::unexpected(&r)),
+    }
+}
+
 async fn metrics(State(app): State<App>) -> Result<HttpResponse, Failure> {
     let m: DaemonMetrics = match app.call(Request::Metrics {}).await? {
         Reply::Metrics(m) => *m,
@@ -432,6 +461,7 @@ fn routes() -> Vec<(Method, &'static str, MethodRouter<App>)> {
         (Method::GET, "/v1/vms/{vm}/stats", get(stats)),
         (Method::GET, "/v1/vms/{vm}/nodes", get(nodes)),
         (Method::GET, "/metrics", get(metrics)),
+        (Method::GET, "/v1/vms/{vm}/heatmap", get(heatmap)),
     ]
 }
 
@@ -585,11 +615,15 @@ pub(crate) mod tests {
                     Request::Metrics {} => {
                         Response::Ok(Reply::Metrics(Box::new(crate::metrics::tests::example())))
                     }
+                    Request::Heatmap { vm, ticks } if known(&vm) => {
+                        Response::Ok(Reply::Heatmap(Box::new(example_heatmap(ticks))))
+                    }
                     Request::Status { vm }
                     | Request::SetBudget { vm, .. }
                     | Request::Tiering { vm }
                     | Request::SetTiering { vm, .. }
-                    | Request::Detach { vm } => Response::Error(format!("No VM named {vm}")),
+                    | Request::Detach { vm }
+                    | Request::Heatmap { vm, .. } => Response::Error(format!("No VM named {vm}")),
                     // Only the libvirt hook sends it, over the control socket.
                     Request::LibvirtHook { .. } => Response::Error("Not an HTTP request".into()),
                 };
@@ -597,6 +631,63 @@ pub(crate) mod tests {
             }
         });
         (tx, seen)
+    }
+
+    /// A heatmap as the engine would give it: two ranges, three buckets, `ticks` rows
+    /// (default 2).
+    pub(crate) fn example_heatmap(ticks: Option<u32>) -> vmtier_api::Heatmap {
+        use vmtier_api::heatmap::{HeatmapBucket, HeatmapRange, TickRow};
+        let n = ticks.unwrap_or(2).min(2);
+        vmtier_api::Heatmap {
+            vm: "web1".parse().unwrap(),
+            policy: "default".into(),
+            budget_bytes: 64 << 20,
+            total_bytes: 256 << 20,
+            granule_bytes: 2 << 20,
+            interval_ms: 1000,
+            capacity_ticks: 120,
+            ranges: vec![
+                HeatmapRange {
+                    name: "pc.ram".into(),
+                    gpa: 0,
+                    bytes: 640 << 10,
+                    first_bucket: 0,
+                    buckets: 1,
+                },
+                HeatmapRange {
+                    name: "pc.ram".into(),
+                    gpa: 1 << 20,
+                    bytes: (256 << 20) - (1 << 20),
+                    first_bucket: 1,
+                    buckets: 2,
+                },
+            ],
+            buckets: vec![
+                HeatmapBucket {
+                    gpa: 0,
+                    bytes: 640 << 10,
+                },
+                HeatmapBucket {
+                    gpa: 1 << 20,
+                    bytes: 127 << 20,
+                },
+                HeatmapBucket {
+                    gpa: 128 << 20,
+                    bytes: 128 << 20,
+                },
+            ],
+            ticks: (0..u64::from(n))
+                .map(|t| TickRow {
+                    tick: 41 + t,
+                    unix_ms: 1_795_000_000_000 + 1000 * t,
+                    budget_bytes: 64 << 20,
+                    fast_bytes: 62 << 20,
+                    heat_max: vec![0, 31, 2],
+                    heat_mean: vec![0, 200, 3],
+                    dram: vec![0, 255, 10],
+                })
+                .collect(),
+        }
     }
 
     /// A status as the engine would give it.
@@ -1155,6 +1246,11 @@ mod openapi {
             (Method::GET, "/v1/vms/web1/nodes", ""),
             (Method::GET, "/v1/vms/nope/nodes", ""),
             (Method::GET, "/metrics", ""),
+            (Method::GET, "/v1/vms/web1/heatmap", ""),
+            (Method::GET, "/v1/vms/web1/heatmap?ticks=1", ""),
+            (Method::GET, "/v1/vms/web1/heatmap?ticks=0", ""),
+            (Method::GET, "/v1/vms/web1/heatmap?tick=1", ""),
+            (Method::GET, "/v1/vms/nope/heatmap", ""),
         ]
     }
 
@@ -1242,6 +1338,7 @@ mod openapi {
 
     /// Whether `uri` matches the route `path` (`{vm}` matches one segment).
     fn matches_path(path: &str, uri: &str) -> bool {
+        let uri = uri.split('?').next().unwrap_or(uri);
         let a: Vec<&str> = path.split('/').collect();
         let b: Vec<&str> = uri.split('/').collect();
         a.len() == b.len() && a.iter().zip(&b).all(|(x, y)| x.starts_with('{') || x == y)

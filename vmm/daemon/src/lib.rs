@@ -10,6 +10,7 @@
 //! - [`http`]: the HTTP API (axum), which hands requests to the engine the same way.
 //! - [`metrics`]: `/metrics`, the engine's counters in the Prometheus text format.
 //! - [`parts`]: builds a VM's backend, hotness source and policy from its configuration.
+//! - [`ring`]: the tick ring behind `heatmap`: recent ticks downsampled over guest RAM.
 
 pub mod config;
 pub mod engine;
@@ -19,6 +20,7 @@ pub mod http;
 pub mod libvirt;
 pub mod metrics;
 pub mod parts;
+pub mod ring;
 pub mod server;
 
 pub use vmtier_api::proto;

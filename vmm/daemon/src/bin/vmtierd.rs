@@ -128,6 +128,10 @@ fn main() -> ExitCode {
         }
     };
     let mut engine = Engine::new(engine_cfg, migrator, Box::new(MovePages::default()));
+    engine.set_ring_size(vmtier_daemon::ring::RingSize {
+        ticks: cfg.api.heatmap_ticks,
+        buckets: cfg.api.heatmap_buckets,
+    });
     for vm in &cfg.vms {
         let r = parts::build(&cfg, vm).and_then(|p| {
             engine
