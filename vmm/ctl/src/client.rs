@@ -25,6 +25,9 @@ pub enum Error {
     /// Talking to libvirt failed.
     #[error(transparent)]
     Libvirt(Box<dyn std::error::Error + Send + Sync>),
+    /// Drawing or writing an image failed.
+    #[error(transparent)]
+    Plot(vmtier_plot::Error),
 }
 
 impl Error {

@@ -68,6 +68,8 @@ enum Cmd {
     Tiering(cmd::tiering::Args),
     /// Live view of every VM: DRAM/CXL, hot share, moves per second, budget drains.
     Top(cmd::top::Args),
+    /// Draw a VM's recent ticks (guest-physical address × time, heat and tier) as SVG or PNG.
+    Heatmap(cmd::heatmap::Args),
 }
 
 fn main() -> ExitCode {
@@ -90,6 +92,7 @@ fn main() -> ExitCode {
         Cmd::Man => cmd::completions::man(Cli::command()),
         Cmd::Tiering(a) => cmd::tiering::run(&client, &a),
         Cmd::Top(a) => cmd::top::run(&client, &a),
+        Cmd::Heatmap(a) => cmd::heatmap::run(&client, &a),
     };
     match r {
         Ok(()) => ExitCode::SUCCESS,

@@ -5,6 +5,7 @@ pub mod completions;
 pub mod detach;
 pub mod dom_stats;
 pub mod dom_tier;
+pub mod heatmap;
 pub mod libvirt_hook;
 pub mod list;
 pub mod nodes;
