@@ -203,7 +203,7 @@ pub fn run(c: &mut Checks, a: &ApiArgs) {
     let config = format!(
         "[daemon]\nsocket = \"{}\"\ninterval_ms = 500\nrate_limit_mbps = 2000\n\n\
          [api]\nsocket = \"{}\"\nlisten = \"127.0.0.1:{}\"\ntoken_file = \"{}\"\n\
-         max_body_bytes = 4096\nrate_limit_per_s = 20\n\n\
+         max_body_bytes = 4096\nrate_limit_per_s = 20\nheatmap_ticks = 600\n\n\
          [[vm]]\nname = \"guest\"\nqmp = \"{}\"\nbudget = \"{}K\"\n",
         socket.display(),
         api.display(),
@@ -268,6 +268,18 @@ pub fn run(c: &mut Checks, a: &ApiArgs) {
             t.elapsed().as_secs_f64()
         ),
     );
+
+    // The tick ring shows the hot set where it is (tests/tools/src/heatmap.rs).
+    let hm = curl(&unix, "GET", "/v1/vms/guest/heatmap", None, None);
+    c.check(
+        hm.status == 200,
+        "GET /v1/vms/guest/heatmap",
+        format!("{} ({} bytes)", hm.status, hm.body.len()),
+    );
+    #[allow(clippy::cast_precision_loss)]
+    let outside = last.1 as f64 / hot.1.max(1) as f64;
+    crate::heatmap::check(c, &d, &hm.body, hot, outside, &run_dir, "promoted");
+    let attach_budget_ticks = json(&hm.body)["ticks"].as_array().map_or(0, Vec::len);
 
     // Set the budget through the API: DRAM follows.
     let low = a.lower_budget.0;
@@ -561,6 +573,38 @@ pub fn run(c: &mut Checks, a: &ApiArgs) {
         format!(
             "budget {budget:?}, node 0 {node0:?} vs {} outside, promoted {promoted:?}, demoted {demoted:?}, ticks {ticks:?}",
             now.0
+        ),
+    );
+
+    // The ring recorded the budget cut: ticks at the attach budget, then at the lower one.
+    let hm = json(&curl(&unix, "GET", "/v1/vms/guest/heatmap", None, None).body);
+    let budgets: Vec<u64> = hm["ticks"]
+        .as_array()
+        .map(|t| {
+            t.iter()
+                .filter_map(|r| r["budget_bytes"].as_u64())
+                .collect()
+        })
+        .unwrap_or_default();
+    let (ok_img, img) = d.ctl(&[
+        "heatmap",
+        "guest",
+        "--out",
+        &run_dir.join("heatmap-budget-cut.svg").to_string_lossy(),
+    ]);
+    c.check(
+        attach_budget_ticks > 0
+            && budgets.first() == Some(&a.budget.0)
+            && budgets.last() == Some(&low)
+            && budgets.windows(2).all(|w| w[0] >= w[1])
+            && ok_img,
+        "the heatmap's ticks record the budget cut",
+        format!(
+            "{} ticks: budget {} then {}; {}",
+            budgets.len(),
+            ByteSize(budgets.first().copied().unwrap_or(0)),
+            ByteSize(budgets.last().copied().unwrap_or(0)),
+            img.trim()
         ),
     );
 

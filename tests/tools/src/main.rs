@@ -9,6 +9,7 @@ mod check;
 mod daemon;
 mod faults;
 mod guest;
+mod heatmap;
 mod hints;
 mod kmod;
 mod kmod_abi;
