@@ -6,6 +6,7 @@ use std::io::Write as _;
 use std::path::{Path, PathBuf};
 
 use serde::Serialize;
+use vmtier_plot::{Arrange, Axis, Cell, Figure, Format, Labels, Panel, Rgb, Series};
 
 use crate::sim::{self, Config, Planner, RunResult};
 use crate::trace::{self, Trace};
@@ -22,6 +23,9 @@ pub enum Error {
     /// Serializing the JSON failed.
     #[error("Failed to encode the report")]
     Json(#[source] serde_json::Error),
+    /// Drawing a plot failed.
+    #[error("Failed to draw a plot")]
+    Plot(#[source] vmtier_plot::Error),
 }
 
 /// One policy on one trace.
@@ -284,124 +288,140 @@ pub fn human_bytes(b: u64) -> String {
     }
 }
 
-const COLORS: [&str; 9] = [
-    "#000000", "#d62728", "#1f77b4", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b", "#e377c2",
-    "#7f7f7f",
+const COLORS: [Rgb; 9] = [
+    Rgb(0x00, 0x00, 0x00),
+    Rgb(0xd6, 0x27, 0x28),
+    Rgb(0x1f, 0x77, 0xb4),
+    Rgb(0x2c, 0xa0, 0x2c),
+    Rgb(0xff, 0x7f, 0x0e),
+    Rgb(0x94, 0x67, 0xbd),
+    Rgb(0x8c, 0x56, 0x4b),
+    Rgb(0xe3, 0x77, 0xc2),
+    Rgb(0x7f, 0x7f, 0x7f),
 ];
 
-/// SVG: hit ratio per tick, one line per run; dashed verticals at hot-set shifts.
-pub fn hit_svg(trace: &str, runs: &[RunResult]) -> String {
-    let (w, h, l, b) = (900.0, 420.0, 50.0, 40.0);
+/// The hit-ratio chart: per tick, one line per run; dashed verticals at hot-set shifts.
+pub fn hit_figure(trace: &str, runs: &[RunResult]) -> Figure {
     let ticks = runs.first().map_or(1, |r| r.series.len().max(2));
-    let x = |t: usize| l + (w - l - 150.0) * t as f64 / (ticks - 1) as f64;
-    let y = |v: f32| (h - b) - (h - b - 20.0) * f64::from(v);
-    let mut s = String::new();
-    let _ = write!(
-        s,
-        "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{w}\" height=\"{h}\" font-family=\"sans-serif\" font-size=\"12\">\
-         <rect width=\"100%\" height=\"100%\" fill=\"white\"/>\
-         <text x=\"{l}\" y=\"14\">DRAM hit ratio per tick — {trace}</text>"
+    #[allow(clippy::cast_precision_loss)]
+    let mut p = Panel::new(
+        "",
+        Axis {
+            label: "tick".into(),
+            min: 0.0,
+            max: (ticks - 1) as f64,
+            labels: Labels::Number,
+        },
+        Axis {
+            label: "DRAM hit ratio".into(),
+            min: 0.0,
+            max: 1.0,
+            labels: Labels::Number,
+        },
     );
-    for v in [0.0f32, 0.25, 0.5, 0.75, 1.0] {
-        let _ = write!(
-            s,
-            "<line x1=\"{l}\" x2=\"{}\" y1=\"{y0}\" y2=\"{y0}\" stroke=\"#ddd\"/><text x=\"8\" y=\"{}\">{v:.2}</text>",
-            w - 150.0,
-            y(v) + 4.0,
-            y0 = y(v)
-        );
-    }
+    p.grid = true;
     if let Some(r) = runs.first() {
-        for &m in &r.marker_ticks {
-            let xm = x(m as usize);
-            let _ = write!(
-                s,
-                "<line x1=\"{xm}\" x2=\"{xm}\" y1=\"20\" y2=\"{}\" stroke=\"#999\" stroke-dasharray=\"4 3\"/>",
-                h - b
-            );
-        }
+        #[allow(clippy::cast_precision_loss)]
+        p.vlines.extend(r.marker_ticks.iter().map(|&m| m as f64));
     }
-    let _ = write!(
-        s,
-        "<text x=\"{}\" y=\"{}\">tick</text>",
-        (w - 150.0) / 2.0,
-        h - 8.0
-    );
     for (i, r) in runs.iter().enumerate() {
-        let c = COLORS[i % COLORS.len()];
-        let pts: Vec<String> = r
-            .series
-            .iter()
-            .enumerate()
-            .map(|(t, &v)| format!("{:.1},{:.1}", x(t), y(v)))
-            .collect();
-        let width = if r.policy == "default" { 2.5 } else { 1.2 };
-        let _ = write!(
-            s,
-            "<polyline fill=\"none\" stroke=\"{c}\" stroke-width=\"{width}\" points=\"{}\"/>\
-             <rect x=\"{}\" y=\"{}\" width=\"12\" height=\"3\" fill=\"{c}\"/><text x=\"{}\" y=\"{}\">{} ({:.3})</text>",
-            pts.join(" "),
-            w - 140.0,
-            30.0 + 16.0 * i as f64,
-            w - 122.0,
-            34.0 + 16.0 * i as f64,
-            r.policy,
-            r.hit_ratio
-        );
+        #[allow(clippy::cast_precision_loss)]
+        p.series.push(Series {
+            name: format!("{} ({:.3})", r.policy, r.hit_ratio),
+            color: COLORS[i % COLORS.len()],
+            width: if r.policy == "default" { 3 } else { 1 },
+            points: r
+                .series
+                .iter()
+                .enumerate()
+                .map(|(t, &v)| (t as f64, f64::from(v)))
+                .collect(),
+        });
     }
-    s.push_str("</svg>\n");
-    s
+    Figure {
+        title: format!("DRAM hit ratio per tick — {trace}"),
+        width: 900,
+        height: 480,
+        panels: vec![p],
+        arrange: Arrange::Columns,
+    }
 }
 
-/// SVG: placement heatmaps (x tick, y address bucket) for the given runs side by side. Red
+/// SVG of [`hit_figure`].
+pub fn hit_svg(trace: &str, runs: &[RunResult]) -> Result<String, Error> {
+    svg(&hit_figure(trace, runs))
+}
+
+/// Placement heatmaps (x tick, y address bucket) for the given runs side by side. Red
 /// means in DRAM, blue on the slow tier; brightness is the bucket's share of the accesses.
-pub fn heatmap_svg(trace: &str, runs: &[&RunResult]) -> String {
-    let (pw, ph) = (400.0, 300.0);
-    let w = 20.0 + (pw + 20.0) * runs.len() as f64;
-    let mut s = String::new();
-    let _ = write!(
-        s,
-        "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{w}\" height=\"{}\" font-family=\"sans-serif\" font-size=\"12\">\
-         <rect width=\"100%\" height=\"100%\" fill=\"white\"/>\
-         <text x=\"20\" y=\"14\">Placement over time — {trace} (x: tick, y: address; red: DRAM, blue: CXL; bright: accessed)</text>",
-        ph + 60.0
-    );
-    for (k, r) in runs.iter().enumerate() {
-        let ox = 20.0 + (pw + 20.0) * k as f64;
-        let cols = r.heatmap.len().max(1);
-        let rows = r.heatmap.first().map_or(1, |c| c.len().max(1));
-        let max_share = r
-            .heatmap
-            .iter()
-            .flatten()
-            .map(|c| c.1)
-            .fold(1e-9f32, f32::max);
-        let cw = pw / cols as f64;
-        let rh = ph / rows as f64;
-        let _ = write!(
-            s,
-            "<text x=\"{ox}\" y=\"{}\">{}</text>",
-            ph + 52.0,
-            r.policy
-        );
-        for (t, col) in r.heatmap.iter().enumerate() {
-            for (row, &(fast, share)) in col.iter().enumerate() {
-                let bright = 0.25 + 0.75 * (share / max_share).sqrt();
-                let red = (255.0 * fast * bright) as u8;
-                let blue = (255.0 * (1.0 - fast) * bright) as u8;
-                let _ = write!(
-                    s,
-                    "<rect x=\"{:.2}\" y=\"{:.2}\" width=\"{:.2}\" height=\"{:.2}\" fill=\"rgb({red},40,{blue})\"/>",
-                    ox + cw * t as f64,
-                    30.0 + rh * row as f64,
-                    cw + 0.05,
-                    rh + 0.05
-                );
+pub fn heatmap_figure(trace: &str, runs: &[&RunResult]) -> Figure {
+    let panels = runs
+        .iter()
+        .map(|r| {
+            let cols = r.heatmap.len().max(1);
+            let rows = r.heatmap.first().map_or(1, |c| c.len().max(1));
+            let max_share = r
+                .heatmap
+                .iter()
+                .flatten()
+                .map(|c| c.1)
+                .fold(1e-9f32, f32::max);
+            #[allow(clippy::cast_precision_loss)]
+            let mut p = Panel::new(
+                r.policy.clone(),
+                Axis {
+                    label: "tick".into(),
+                    min: 0.0,
+                    max: cols as f64,
+                    labels: Labels::Number,
+                },
+                Axis {
+                    label: "address bucket".into(),
+                    min: 0.0,
+                    max: rows as f64,
+                    labels: Labels::Number,
+                },
+            );
+            for (t, col) in r.heatmap.iter().enumerate() {
+                for (row, &(fast, share)) in col.iter().enumerate() {
+                    let bright = 0.25 + 0.75 * (share / max_share).sqrt();
+                    #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
+                    let color = Rgb(
+                        (255.0 * fast * bright) as u8,
+                        40,
+                        (255.0 * (1.0 - fast) * bright) as u8,
+                    );
+                    #[allow(clippy::cast_precision_loss)]
+                    p.cells.push(Cell {
+                        x0: t as f64,
+                        x1: (t + 1) as f64,
+                        y0: row as f64,
+                        y1: (row + 1) as f64,
+                        color,
+                    });
+                }
             }
-        }
+            p
+        })
+        .collect::<Vec<_>>();
+    Figure {
+        title: format!("Placement over time — {trace} (red: DRAM, blue: CXL; bright: accessed)"),
+        width: u32::try_from(40 + 420 * panels.len().max(1)).unwrap_or(vmtier_plot::MAX_SIDE),
+        height: 400,
+        panels,
+        arrange: Arrange::Columns,
     }
-    s.push_str("</svg>\n");
-    s
+}
+
+/// SVG of [`heatmap_figure`].
+pub fn heatmap_svg(trace: &str, runs: &[&RunResult]) -> Result<String, Error> {
+    svg(&heatmap_figure(trace, runs))
+}
+
+fn svg(fig: &Figure) -> Result<String, Error> {
+    let bytes = vmtier_plot::render(fig, Format::Svg).map_err(Error::Plot)?;
+    String::from_utf8(bytes)
+        .map_err(|_| Error::Plot(vmtier_plot::Error::Draw("SVG is not UTF-8".into())))
 }
 
 /// Writes `bytes` to `path` atomically.
@@ -461,10 +481,22 @@ mod tests {
         assert!(rep.results.iter().all(|r| r.reaction_ticks.is_some()));
         let tab = table(&rep);
         assert!(tab.contains("vmtierd") && tab.contains("of the greedy oracle"));
-        let svg = hit_svg("mh", &runs);
+        let svg = hit_svg("mh", &runs)?;
         assert!(svg.starts_with("<svg") && svg.contains("polyline") && svg.ends_with("</svg>\n"));
-        let hm = heatmap_svg("mh", &[&runs[0], &runs[1]]);
-        assert!(hm.contains("rgb("));
+        // One line per run, named in the legend.
+        assert_eq!(svg.matches("<polyline").count() >= runs.len(), true);
+        assert!(svg.contains(&format!("\n{} (", runs[0].policy)));
+        let fig = heatmap_figure("mh", &[&runs[0], &runs[1]]);
+        let cells: usize = runs[..2]
+            .iter()
+            .map(|r| r.heatmap.iter().map(Vec::len).sum::<usize>())
+            .sum();
+        assert_eq!(
+            fig.panels.iter().map(|p| p.cells.len()).sum::<usize>(),
+            cells
+        );
+        let hm = heatmap_svg("mh", &[&runs[0], &runs[1]])?;
+        assert!(hm.matches("<rect").count() >= cells);
         let cases = [(0u64, "0 B"), (1536, "1.5 KiB"), (3 << 30, "3.0 GiB")];
         for (b, want) in cases {
             assert_eq!(human_bytes(b), want);

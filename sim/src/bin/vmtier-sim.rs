@@ -350,7 +350,7 @@ fn cmd_report(args: &[String]) -> Result<(), Error> {
                 let slug = report::slug(name);
                 report::write_file(
                     &out.join(format!("policies-hit-{slug}.svg")),
-                    report::hit_svg(name, &runs).as_bytes(),
+                    report::hit_svg(name, &runs)?.as_bytes(),
                 )?;
                 let pick: Vec<&sim::RunResult> = runs
                     .iter()
@@ -360,7 +360,7 @@ fn cmd_report(args: &[String]) -> Result<(), Error> {
                     .collect();
                 report::write_file(
                     &out.join(format!("policies-heatmap-{slug}.svg")),
-                    report::heatmap_svg(name, &pick).as_bytes(),
+                    report::heatmap_svg(name, &pick)?.as_bytes(),
                 )?;
             }
             reports.push(rep);

@@ -6,8 +6,9 @@
 //! hole between ranges. With fewer granules than K, each bucket is one granule. At the end
 //! of every tick the engine pushes one row, made in one pass over the store's records: per
 //! bucket the largest heat, the mean heat (× 8) and the share of its bytes in DRAM (× 255),
-//! 3 bytes; the oldest row is reused once the ring is full. Memory: N × (3 K + 32) bytes
-//! (120 × (768 + 32) B = 94 KiB per VM with the defaults), plus 32 bytes per bucket.
+//! 3 bytes; the oldest row is reused once the ring is full. Memory when full: N × (3 K + 56)
+//! bytes plus 40 bytes per bucket: 120 × (768 + 56) + 256 × 40 B ≈ 107 KiB per VM with the
+//! defaults ([`TickRing::memory_bytes`]).
 
 use std::collections::VecDeque;
 
@@ -457,10 +458,7 @@ mod tests {
         let ring = TickRing::new(RingSize::default(), &l, &s);
         assert_eq!(ring.buckets().len(), 256);
         let b = ring.memory_bytes();
-        // 120 rows of 256 × 3 bytes plus row headers, and the bucket table.
-        assert!(
-            (120 * 768..=120 * 768 + 120 * 64 + 256 * 48).contains(&b),
-            "{b}"
-        );
+        // 120 rows of 256 × 3 bytes and a 56-byte header, and the 40-byte buckets.
+        assert_eq!(b, 120 * (768 + 56) + 256 * 40);
     }
 }
