@@ -278,6 +278,7 @@ pub fn run(c: &mut Checks, a: &ApiArgs) {
     );
     #[allow(clippy::cast_precision_loss)]
     let outside = last.1 as f64 / hot.1.max(1) as f64;
+    let _ = std::fs::write(run_dir.join("heatmap-promoted.json"), &hm.body);
     crate::heatmap::check(c, &d, &hm.body, hot, outside, &run_dir, "promoted");
     let attach_budget_ticks = json(&hm.body)["ticks"].as_array().map_or(0, Vec::len);
 
@@ -577,7 +578,9 @@ pub fn run(c: &mut Checks, a: &ApiArgs) {
     );
 
     // The ring recorded the budget cut: ticks at the attach budget, then at the lower one.
-    let hm = json(&curl(&unix, "GET", "/v1/vms/guest/heatmap", None, None).body);
+    let cut = curl(&unix, "GET", "/v1/vms/guest/heatmap", None, None).body;
+    let _ = std::fs::write(run_dir.join("heatmap-budget-cut.json"), &cut);
+    let hm = json(&cut);
     let budgets: Vec<u64> = hm["ticks"]
         .as_array()
         .map(|t| {

@@ -28,6 +28,12 @@ pub enum Error {
     /// Drawing or writing an image failed.
     #[error(transparent)]
     Plot(vmtier_plot::Error),
+    /// An input file could not be read.
+    #[error("Cannot read {0}")]
+    Input(PathBuf, #[source] std::io::Error),
+    /// An input file is not what the command draws.
+    #[error("{0} is not a heatmap: {1}")]
+    NotHeatmap(PathBuf, String),
 }
 
 impl Error {

@@ -15,6 +15,7 @@ use std::sync::OnceLock;
 use plotters::coord::Shift;
 use plotters::element::DashedPathElement;
 use plotters::prelude::*;
+use plotters::style::text_anchor::{HPos, Pos, VPos};
 use plotters::style::FontStyle;
 
 /// The font read when `VMTIER_PLOT_FONT` is not set (Debian: `fonts-dejavu-core`).
@@ -361,11 +362,26 @@ pub fn write(fig: &Figure, path: &Path) -> Result<Format, Error> {
     Ok(format)
 }
 
+/// The unit an axis is drawn in: for bytes the largest binary unit at most half its span
+/// (so that plotters picks round numbers of MiB or GiB), else 1.
+fn unit(a: &Axis) -> f64 {
+    let mut u = 1.0;
+    if a.labels == Labels::Bytes {
+        let half = (a.max - a.min) / 2.0;
+        while u * 1024.0 <= half && u < 1024f64.powi(5) {
+            u *= 1024.0;
+        }
+    }
+    u
+}
+
+/// The axis' range in its unit.
 fn range(a: &Axis) -> std::ops::Range<f64> {
+    let u = unit(a);
     if a.max > a.min {
-        a.min..a.max
+        a.min / u..a.max / u
     } else {
-        a.min..a.min + 1.0
+        a.min / u..a.min / u + 1.0
     }
 }
 
@@ -405,8 +421,9 @@ fn draw_panel<DB: DrawingBackend>(area: &DrawingArea<DB, Shift>, p: &Panel) -> R
         .y_label_area_size(72)
         .build_cartesian_2d(xr.clone(), yr.clone())
         .map_err(draw_err)?;
-    let xf = |v: &f64| p.x.labels.format(*v);
-    let yf = |v: &f64| p.y.labels.format(*v);
+    let (ux, uy) = (unit(&p.x), unit(&p.y));
+    let xf = |v: &f64| p.x.labels.format(*v * ux);
+    let yf = |v: &f64| p.y.labels.format(*v * uy);
     let mut mesh = chart.configure_mesh();
     mesh.x_desc(&p.x.label)
         .y_desc(&p.y.label)
@@ -419,13 +436,15 @@ fn draw_panel<DB: DrawingBackend>(area: &DrawingArea<DB, Shift>, p: &Panel) -> R
     }
     mesh.draw().map_err(draw_err)?;
     chart
-        .draw_series(
-            p.cells
-                .iter()
-                .map(|c| Rectangle::new([(c.x0, c.y0), (c.x1, c.y1)], c.color.plotters().filled())),
-        )
+        .draw_series(p.cells.iter().map(|c| {
+            Rectangle::new(
+                [(c.x0 / ux, c.y0 / uy), (c.x1 / ux, c.y1 / uy)],
+                c.color.plotters().filled(),
+            )
+        }))
         .map_err(draw_err)?;
     for &x in &p.vlines {
+        let x = x / ux;
         chart
             .draw_series(std::iter::once(DashedPathElement::new(
                 vec![(x, yr.start), (x, yr.end)],
@@ -436,6 +455,7 @@ fn draw_panel<DB: DrawingBackend>(area: &DrawingArea<DB, Shift>, p: &Panel) -> R
             .map_err(draw_err)?;
     }
     for (y, text) in &p.hlines {
+        let y = &(*y / uy);
         let style = RGBColor(20, 20, 20).stroke_width(1);
         chart
             .draw_series(std::iter::once(PathElement::new(
@@ -447,7 +467,10 @@ fn draw_panel<DB: DrawingBackend>(area: &DrawingArea<DB, Shift>, p: &Panel) -> R
             .draw_series(std::iter::once(Text::new(
                 text.clone(),
                 (xr.start, *y),
-                (FAMILY, 11).into_font().color(&RGBColor(20, 20, 20)),
+                (FAMILY, 11)
+                    .into_font()
+                    .color(&RGBColor(20, 20, 20))
+                    .pos(Pos::new(HPos::Left, VPos::Bottom)),
             )))
             .map_err(draw_err)?;
     }
@@ -456,7 +479,7 @@ fn draw_panel<DB: DrawingBackend>(area: &DrawingArea<DB, Shift>, p: &Panel) -> R
         let width = s.width;
         chart
             .draw_series(LineSeries::new(
-                s.points.iter().copied(),
+                s.points.iter().map(|&(x, y)| (x / ux, y / uy)),
                 color.stroke_width(width),
             ))
             .map_err(draw_err)?

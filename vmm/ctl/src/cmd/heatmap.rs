@@ -1,5 +1,5 @@
 //! `vmtierctl heatmap VM --out FILE.svg|FILE.png [--ticks N]`: draws vmtierd's tick ring of
-//! a VM: x is time (seconds before the newest tick), y the guest-physical address; the upper
+//! a VM (or, with `--input FILE`, a heatmap saved from `GET /v1/vms/{vm}/heatmap`): x is time (seconds before the newest tick), y the guest-physical address; the upper
 //! panel is heat (the hottest granule of each address bucket), the lower one the share of
 //! the bucket in DRAM. Holes between RAM ranges stay blank; each range's start is labelled.
 
@@ -16,7 +16,12 @@ use crate::client::{Client, Error};
 #[derive(clap::Args, Debug)]
 pub struct Args {
     /// The VM.
-    vm: VmId,
+    #[arg(required_unless_present = "input")]
+    vm: Option<VmId>,
+    /// Draw this heatmap JSON (the body of `GET /v1/vms/{vm}/heatmap`) instead of asking
+    /// vmtierd.
+    #[arg(long, conflicts_with_all = ["vm", "ticks"])]
+    input: Option<PathBuf>,
     /// The image to write; its extension chooses the format: .svg or .png.
     #[arg(long, short)]
     out: PathBuf,
@@ -34,12 +39,22 @@ pub struct Args {
 pub fn run(client: &Client, a: &Args) -> Result<(), Error> {
     // The file name is checked before asking the daemon anything.
     Format::from_path(&a.out).map_err(Error::Plot)?;
-    let reply = client.call(&Request::Heatmap {
-        vm: a.vm.clone(),
-        ticks: a.ticks,
-    })?;
-    let Reply::Heatmap(h) = reply else {
-        return Err(Error::Reply(format!("{reply:?}")));
+    let h = match (&a.input, &a.vm) {
+        (Some(path), _) => {
+            let text = std::fs::read_to_string(path).map_err(|e| Error::Input(path.clone(), e))?;
+            Box::new(
+                serde_json::from_str::<Heatmap>(&text)
+                    .map_err(|e| Error::NotHeatmap(path.clone(), e.to_string()))?,
+            )
+        }
+        (None, Some(vm)) => match client.call(&Request::Heatmap {
+            vm: vm.clone(),
+            ticks: a.ticks,
+        })? {
+            Reply::Heatmap(h) => h,
+            r => return Err(Error::Reply(format!("{r:?}"))),
+        },
+        (None, None) => return Err(Error::Refused("Give a VM or --input FILE".into())),
     };
     if h.ticks.is_empty() {
         return Err(Error::Refused(format!(
@@ -134,12 +149,21 @@ pub fn figure(h: &Heatmap, width: u32, height: u32) -> Figure {
         max: hi as f64,
         labels: Labels::Bytes,
     };
-    // Every range but the first starts at a labelled line (the hole below it is blank).
+    // A range after a hole of at least 2% of the axis starts at a labelled line (the hole
+    // below it is blank); smaller holes (QEMU's 640 KiB to 1 MiB) would only clutter it.
     let hlines: Vec<(f64, String)> = h
         .ranges
-        .iter()
-        .skip(1)
-        .map(|r| (r.gpa as f64, format!("{} at {}", r.name, ByteSize(r.gpa))))
+        .windows(2)
+        .filter(|w| {
+            let gap = w[1].gpa.saturating_sub(w[0].gpa.saturating_add(w[0].bytes));
+            gap.saturating_mul(50) >= hi.saturating_sub(lo)
+        })
+        .map(|w| {
+            (
+                w[1].gpa as f64,
+                format!("{} at {}", w[1].name, ByteSize(w[1].gpa)),
+            )
+        })
         .collect();
     let mut heat = Panel::new(
         "heat: hottest granule of each address bucket",
