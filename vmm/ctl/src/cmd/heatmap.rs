@@ -20,12 +20,13 @@ pub struct Args {
     vm: Option<VmId>,
     /// Draw this heatmap JSON (the body of `GET /v1/vms/{vm}/heatmap`) instead of asking
     /// vmtierd.
-    #[arg(long, conflicts_with_all = ["vm", "ticks"])]
+    #[arg(long, conflicts_with = "vm")]
     input: Option<PathBuf>,
     /// The image to write; its extension chooses the format: .svg or .png.
     #[arg(long, short)]
     out: PathBuf,
-    /// Draw at most this many of the newest ticks (default: all the daemon keeps).
+    /// Draw at most this many of the newest ticks (default: all the daemon keeps, or all
+    /// of `--input`).
     #[arg(long, value_parser = clap::value_parser!(u32).range(1..=i64::from(vmtier_api::heatmap::MAX_TICKS)))]
     ticks: Option<u32>,
     /// Image width, pixels.
@@ -42,10 +43,13 @@ pub fn run(client: &Client, a: &Args) -> Result<(), Error> {
     let h = match (&a.input, &a.vm) {
         (Some(path), _) => {
             let text = std::fs::read_to_string(path).map_err(|e| Error::Input(path.clone(), e))?;
-            Box::new(
-                serde_json::from_str::<Heatmap>(&text)
-                    .map_err(|e| Error::NotHeatmap(path.clone(), e.to_string()))?,
-            )
+            let mut h = serde_json::from_str::<Heatmap>(&text)
+                .map_err(|e| Error::NotHeatmap(path.clone(), e.to_string()))?;
+            if let Some(n) = a.ticks {
+                let keep = (n as usize).min(h.ticks.len());
+                h.ticks.drain(..h.ticks.len() - keep);
+            }
+            Box::new(h)
         }
         (None, Some(vm)) => match client.call(&Request::Heatmap {
             vm: vm.clone(),
