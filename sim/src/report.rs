@@ -484,7 +484,7 @@ mod tests {
         let svg = hit_svg("mh", &runs)?;
         assert!(svg.starts_with("<svg") && svg.contains("polyline") && svg.ends_with("</svg>\n"));
         // One line per run, named in the legend.
-        assert_eq!(svg.matches("<polyline").count() >= runs.len(), true);
+        assert!(svg.matches("<polyline").count() >= runs.len());
         assert!(svg.contains(&format!("\n{} (", runs[0].policy)));
         let fig = heatmap_figure("mh", &[&runs[0], &runs[1]]);
         let cells: usize = runs[..2]
