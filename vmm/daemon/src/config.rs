@@ -157,6 +157,9 @@ pub struct ApiConfig {
 pub const API_HEATMAP_TICKS: RangeInclusive<u64> = 0..=3600;
 /// `[api] heatmap_buckets`: 1 to 4096.
 pub const API_HEATMAP_BUCKETS: RangeInclusive<u64> = 1..=4096;
+/// `[api] heatmap_ticks × heatmap_buckets`: at most 2^20 cells (a 3 MiB ring per VM, a
+/// heatmap answer of a few MiB of JSON).
+pub const API_HEATMAP_CELLS: u64 = 1 << 20;
 
 /// `[api] max_body_bytes`: 1 KiB to 1 MiB.
 pub const API_MAX_BODY: RangeInclusive<u64> = 1024..=(1 << 20);
@@ -323,6 +326,13 @@ impl Config {
                     range.end()
                 )));
             }
+        }
+        let cells = u64::from(self.api.heatmap_ticks) * u64::from(self.api.heatmap_buckets);
+        if cells > API_HEATMAP_CELLS {
+            return Err(Error::Invalid(format!(
+                "api.heatmap_ticks × api.heatmap_buckets is {cells} cells, above the largest, \
+                 {API_HEATMAP_CELLS} (3 bytes each per VM)"
+            )));
         }
         for (key, node) in [("fast_node", d.fast_node), ("slow_node", d.slow_node)] {
             if node.raw() >= MAX_NODES {
@@ -534,6 +544,7 @@ mod tests {
             ("[api]\nheatmap_ticks = 3601\n", "api.heatmap_ticks 3601 is out of range: 0 ticks to 3600 ticks"),
             ("[api]\nheatmap_buckets = 0\n", "api.heatmap_buckets 0 is out of range: 1 buckets to 4096 buckets"),
             ("[api]\nheatmap_bucket = 8\n", "unknown field `heatmap_bucket`"),
+            ("[api]\nheatmap_ticks = 3600\nheatmap_buckets = 4096\n", "api.heatmap_ticks × api.heatmap_buckets is 14745600 cells, above the largest, 1048576"),
             ("[api]\nsocket = \"/\"\n", "api.socket \"/\": give a file path"),
             ("[api]\ntoken = \"x\"\n", "unknown field `token`"),
             ("[api]\nsocket = \"/run/vmtier/vmtierd.sock\"\n", "api.socket and daemon.socket are both"),
