@@ -1794,6 +1794,7 @@ mod tests {
         }
         assert_eq!(state(&e), "active");
         // Memory hotplug: the layout grows; tracking restarts on the new one.
+        let before = e.heatmap(&vm, None).unwrap();
         add_process(&w, 7, 2 * len);
         *layout.lock().unwrap() = Some(one_range(7, 2 * len));
         for _ in 0..5 {
@@ -1801,6 +1802,21 @@ mod tests {
         }
         assert_eq!(e.status(&vm).unwrap().summary.total_bytes, 2 * len);
         assert_eq!(state(&e), "active");
+        // The tick ring restarted with it: its buckets cover the new RAM, its rows are new.
+        let after = e.heatmap(&vm, None).unwrap();
+        let end = |h: &Heatmap| h.buckets.last().map_or(0, |b| b.gpa + b.bytes);
+        assert_eq!((end(&before), end(&after)), (len, 2 * len));
+        assert!(
+            after.ticks.len() < 5
+                && after
+                    .ticks
+                    .iter()
+                    .all(|r| r.tick > before.ticks.last().unwrap().tick)
+        );
+        assert!(after
+            .ticks
+            .iter()
+            .all(|r| r.dram.len() == after.buckets.len()));
     }
 
     #[test]
