@@ -117,6 +117,20 @@ pub fn select(pages: &[HeatRecord], step: Step, hot_min: u8) -> impl Iterator<It
         .map(|(i, _)| i)
 }
 
+/// How many pages [`select`] with [`Step::Promote`] picks, in one pass.
+pub fn promote_count(pages: &[HeatRecord], hot_min: u8) -> usize {
+    let mut slow = [0usize; HeatRecord::MAX_HEAT as usize + 1];
+    let mut hottest = 0;
+    for p in pages {
+        hottest = hottest.max(p.heat());
+        if !p.is_fast() {
+            slow[usize::from(p.heat())] += 1;
+        }
+    }
+    let min = usize::from(hot_min.min(hottest).max(1));
+    slow[min..].iter().sum()
+}
+
 /// The moves that keep a split region in the fast tier up to date with its pages, beside the
 /// policy's plan: whether newly hot pages should join it ([`Step::Promote`]) and whether cold
 /// ones should leave ([`Step::Trim`]).
@@ -231,12 +245,12 @@ pub fn fit(
 }
 
 /// Bytes of tracking state per 4 KiB page of a hybrid store over `pages` pages with `split`
-/// regions split: one summary byte per region, a 4-byte slot index per region, 512 bytes and
-/// a 4-byte owner per split region.
+/// regions split: one summary byte per region, a 4-byte slot index per region, 512 bytes, a
+/// 4-byte owner and a 2-byte count per split region.
 #[allow(clippy::cast_precision_loss)]
 pub fn bytes_per_page(pages: u64, split: u64) -> f64 {
     let regions = pages.div_ceil(REGION_PAGES);
-    let bytes = regions * 5 + split * (REGION_PAGES + 4);
+    let bytes = regions * 5 + split * (REGION_PAGES + 6);
     bytes as f64 / pages.max(1) as f64
 }
 
@@ -311,6 +325,12 @@ mod tests {
         // Nothing reaches hot_min: the hottest slow pages still go.
         let weak = pages(&[(0, false), (2, false), (1, false)]);
         assert_eq!(select(&weak, Step::Promote, 4).collect::<Vec<_>>(), vec![1]);
+        for (ps, hot_min) in [(&p, 4), (&p, 16), (&p, 0), (&weak, 4), (&weak, 1)] {
+            assert_eq!(
+                promote_count(ps, hot_min),
+                select(ps, Step::Promote, hot_min).count()
+            );
+        }
         assert_eq!(Step::Trim.target(), Tier::Slow);
     }
 

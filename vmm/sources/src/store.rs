@@ -159,6 +159,8 @@ struct Detail {
     owner: Vec<u32>,
     /// [`REGION_PAGES`] records per slot.
     pages: Vec<HeatRecord>,
+    /// Per slot: its pages in the fast tier (kept with every tier change).
+    fast: Vec<u16>,
     free: Vec<u32>,
     stats: DetailStats,
 }
@@ -195,6 +197,8 @@ impl Detail {
                 let s = self.owner.len();
                 self.owner.reserve_exact(1);
                 self.owner.push(NO_SLOT);
+                self.fast.reserve_exact(1);
+                self.fast.push(0);
                 // Grow by one region at a time: the cap bounds the memory, not a doubling.
                 self.pages.reserve_exact(REGION_PAGES);
                 self.pages
@@ -206,9 +210,16 @@ impl Detail {
         self.owner[slot] = u32::try_from(region).unwrap_or(NO_SLOT);
         self.slot_of[region] = u32::try_from(slot).unwrap_or(NO_SLOT);
         self.pages_mut(slot).fill(record);
+        self.recount(slot);
         self.stats.split += 1;
         self.stats.splits += 1;
         Some(slot)
+    }
+
+    /// Recounts a slot's fast pages after its tiers changed.
+    fn recount(&mut self, slot: usize) {
+        let n = self.pages(slot).iter().filter(|p| p.is_fast()).count();
+        self.fast[slot] = u16::try_from(n).unwrap_or(u16::MAX);
     }
 
     fn merge(&mut self, slot: usize) {
@@ -322,7 +333,9 @@ impl HotnessStore {
         let spans = self.spans.capacity() * std::mem::size_of::<Span>();
         let recs = self.records.capacity() * std::mem::size_of::<HeatRecord>();
         let detail = self.detail.as_ref().map_or(0, |d| {
-            (d.slot_of.capacity() + d.owner.capacity() + d.free.capacity()) * 4 + d.pages.capacity()
+            (d.slot_of.capacity() + d.owner.capacity() + d.free.capacity()) * 4
+                + d.fast.capacity() * 2
+                + d.pages.capacity()
         });
         (spans + recs + detail) as u64
     }
@@ -405,9 +418,8 @@ impl HotnessStore {
             let g = Granule(u32::try_from(i).unwrap_or(u32::MAX));
             let (cost, split) = match self.detail(g) {
                 Some(pages) => {
-                    let fast = pages.iter().filter(|p| p.is_fast()).count();
-                    let more = hybrid::select(pages, Step::Promote, hot_min).count();
-                    ((fast + more) as u64, true)
+                    let more = hybrid::promote_count(pages, hot_min) as u64;
+                    (self.fast_pages(g) + more, true)
                 }
                 None => (self.span(g).map_or(0, |s| s.len / 4096), false),
             };
@@ -420,8 +432,12 @@ impl HotnessStore {
 
     /// Pages of `granule` in the fast tier.
     fn fast_pages(&self, g: Granule) -> u64 {
-        match self.detail(g) {
-            Some(pages) => pages.iter().filter(|p| p.is_fast()).count() as u64,
+        let slot = self
+            .detail
+            .as_ref()
+            .and_then(|d| Some((d, d.slot(g.index())?)));
+        match slot {
+            Some((d, s)) => u64::from(d.fast[s]),
             None if self.records.get(g.index()).is_some_and(|r| r.is_fast()) => {
                 self.span(g).map_or(0, |s| s.len / 4096)
             }
@@ -445,7 +461,7 @@ impl HotnessStore {
             .collect();
         fast.sort_unstable();
         let promote_cost = |g: Granule| match self.detail(g) {
-            Some(pages) => hybrid::select(pages, Step::Promote, hot_min).count() as u64,
+            Some(pages) => hybrid::promote_count(pages, hot_min) as u64,
             None => self.span(g).map_or(0, |s| s.len / 4096),
         };
         hybrid::fit(
@@ -467,7 +483,7 @@ impl HotnessStore {
             .owner
             .iter()
             .enumerate()
-            .filter(|(_, &r)| r != NO_SLOT)
+            .filter(|&(slot, &r)| r != NO_SLOT && d.fast[slot] > 0)
             .map(|(slot, &r)| (r, d.pages(slot)));
         hybrid::touch_ups(split, hot_min)
             .into_iter()
@@ -487,15 +503,14 @@ impl HotnessStore {
         let cap = usize::try_from(moves).unwrap_or(usize::MAX);
         let mut room = budget_bytes.saturating_sub(self.tier_bytes().fast) / 4096;
         let mut out = Vec::new();
-        let mut addrs = Vec::new();
         for (g, step) in self.touch_ups(hot_min) {
             if out.len() >= cap {
                 break;
             }
             if step == Step::Promote {
-                addrs.clear();
-                self.pages_of(g, step, hot_min, &mut addrs);
-                let n = addrs.len() as u64;
+                let n = self
+                    .detail(g)
+                    .map_or(0, |p| hybrid::promote_count(p, hot_min) as u64);
                 if n > room {
                     continue;
                 }
@@ -558,7 +573,8 @@ impl HotnessStore {
                 p.placed_on(tier)
             };
         }
-        let fast = if pages.iter().any(|p| p.is_fast()) {
+        d.recount(slot);
+        let fast = if d.fast[slot] > 0 {
             Tier::Fast
         } else {
             Tier::Slow
@@ -715,7 +731,9 @@ impl HotnessStore {
             None => return,
         };
         let pages = d.pages_mut(slot);
-        // A page two adjacent pieces share keeps the larger gain.
+        // A page two adjacent pieces share keeps the larger gain; a piece seen cold adds
+        // nothing.
+        c.pieces.retain(|p| p.2 > 0);
         let mut last: Option<(usize, u8)> = None;
         c.pieces.sort_unstable();
         for &(first, end, gain) in &c.pieces {
@@ -747,6 +765,7 @@ impl HotnessStore {
                 for p in d.pages_mut(slot) {
                     *p = p.placed_on(tier);
                 }
+                d.recount(slot);
             }
         }
     }
@@ -762,6 +781,7 @@ impl HotnessStore {
                 for p in d.pages_mut(slot) {
                     *p = p.moved_to(tier);
                 }
+                d.recount(slot);
             }
         }
     }
@@ -825,8 +845,8 @@ impl HotnessStore {
             for k in 0..s.count {
                 let (lo, hi) = s.granule(k, self.shift);
                 let len = hi - lo;
-                if let Some(pages) = self.detail(Granule(s.first + k)) {
-                    let fast = pages.iter().filter(|p| p.is_fast()).count() as u64 * 4096;
+                if self.detail(Granule(s.first + k)).is_some() {
+                    let fast = self.fast_pages(Granule(s.first + k)) * 4096;
                     t.fast += fast;
                     t.slow += len - fast;
                     continue;
