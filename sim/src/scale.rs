@@ -145,7 +145,8 @@ fn time_hybrid(pages_log2: u32, rng: &mut Rng) -> Result<Hybrid, sim::Error> {
         store.set_tier(Granule(u32::try_from(g).unwrap_or(u32::MAX)), Tier::Fast);
     }
     let budget = bytes / 4;
-    let max_moves = ((1u64 << 30) / (2 << 20)).max(1);
+    // 1 GiB of moves per tick, in regions.
+    let max_moves = (1u64 << 30) / (2 << 20);
     let mut p = DefaultPolicy::default();
     let (mut plan_ms, mut track_ms) = (0.0, 0.0);
     // Three ticks, each timed; the moves are applied as the simulator does.
