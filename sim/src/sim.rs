@@ -510,7 +510,7 @@ pub fn run_logged(
     // Hybrid tracking: the budget and move limit in 4 KiB pages touched, as a 4 KiB run has
     // them; the policy gets them in regions (`HotnessStore::policy_budget`).
     let hybrid = cfg.detail_percent > 0;
-    let budget_pages = if hybrid {
+    let (budget_pages, moves_pages) = if hybrid {
         let mut seen = vec![false; trace.pages as usize];
         for &p in &trace.accesses {
             seen[p as usize] = true;
@@ -519,10 +519,11 @@ pub fn run_logged(
         let b = (pages * u64::from(cfg.fast_permille) / 1000).max(1);
         let m = (b * u64::from(cfg.move_permille) / 1000).max(1);
         budget = store.policy_budget(b * page_bytes, vmtier_core::hybrid::HOT_MIN);
-        max_moves = m.div_ceil(granule_pages).max(1);
-        b
+        // The policy's limit in regions is the limit in pages; `fit` holds the real one.
+        max_moves = m;
+        (b, m)
     } else {
-        0
+        (0, 0)
     };
     let mut fast_pages: u64 = 0;
     let mut moved_pages: u64 = 0;
@@ -849,7 +850,7 @@ pub fn run_logged(
         let mut moved = 0u64;
         let stamp_now = tick + 1;
         let mut e = plan.enforce(records, budget, max_moves);
-        store.fit(&mut e, budget_pages * page_bytes, hot_min);
+        let fitted = store.fit(&mut e, budget_pages * page_bytes, moves_pages, hot_min);
         res.plan_violations += e.invalid + e.deferred;
         let moves = e
             .demote
@@ -883,7 +884,7 @@ pub fn run_logged(
         }
         if hybrid {
             // Split regions in DRAM follow their pages, as the engine's touch-ups.
-            let left = max_moves.saturating_sub(moved);
+            let left = moves_pages.saturating_sub(fitted);
             for (g, step) in store.touch_up_plan(hot_min, budget_pages * page_bytes, left) {
                 moved_pages += store.apply(g, step, hot_min);
                 moved += 1;

@@ -52,12 +52,13 @@ pub struct RegionSeen {
 }
 
 impl RegionSeen {
-    /// Whether the region looked mixed this tick: the gains inside it differ by at least half
-    /// of what the source can give (an uncovered part counts as gain 0).
+    /// Whether the region looked mixed this tick: the gains inside it differ by at least a
+    /// quarter of what the source can give (an uncovered part counts as gain 0); with
+    /// [`MERGE_SPREAD`] below it, a hysteresis.
     pub fn mixed(&self) -> bool {
         let low = if self.covered { self.min_gain } else { 0 };
         let spread = self.max_gain.saturating_sub(low);
-        spread > 0 && spread >= (self.full_gain / 2).max(1)
+        spread > 0 && spread >= (self.full_gain / 4).max(1)
     }
 }
 
@@ -204,20 +205,28 @@ pub fn policy_budget(budget_pages: u64, by_heat: &CostByHeat) -> u64 {
     n.max(budget_pages / REGION_PAGES)
 }
 
-/// Trims an enforced plan to `budget_pages`, the hard limit: after the plan's demotions
-/// (`demote_cost` pages each, in order), if the fast tier still holds more than the budget,
-/// the coldest other fast regions (`forcible`: `(region, pages held)`, coldest first) are
-/// forced out; then promotions run in plan order while their pages (`promote_cost`) fit —
-/// the others are deferred. `used` is the pages in the fast tier now.
+/// Trims an enforced plan to `budget_pages`, the hard limit, and to `move_pages` pages moved:
+/// after the plan's demotions (`demote_cost` pages each, in order), if the fast tier still
+/// holds more than the budget, the coldest other fast regions (`forcible`: `(region, pages
+/// held)`, coldest first) are forced out (a budget cut is not rate limited); then promotions
+/// run in plan order while their pages (`promote_cost`) fit in the budget and in the moves
+/// left (the first one always) — the others are deferred. `used` is the pages in the fast tier
+/// now. Returns the pages
+/// the trimmed plan moves.
+///
+/// The policy counts moves in regions; with split regions moving a few pages each, the caller
+/// gives it a move limit in pages (as many regions as pages) and this holds the real one.
 pub fn fit(
     e: &mut Enforced,
     used: u64,
-    budget_pages: u64,
+    (budget_pages, move_pages): (u64, u64),
     demote_cost: impl Fn(Granule) -> u64,
     forcible: impl Iterator<Item = (Granule, u64)>,
     promote_cost: impl Fn(Granule) -> u64,
-) {
-    let mut used = used.saturating_sub(e.demote.iter().map(|&g| demote_cost(g)).sum::<u64>());
+) -> u64 {
+    let demoted: u64 = e.demote.iter().map(|&g| demote_cost(g)).sum();
+    let mut moved = demoted;
+    let mut used = used.saturating_sub(demoted);
     if used > budget_pages {
         let planned: std::collections::HashSet<Granule> = e.demote.iter().copied().collect();
         for (g, pages) in forcible {
@@ -230,18 +239,22 @@ pub fn fit(
             e.demote.push(g);
             e.forced += 1;
             used = used.saturating_sub(pages);
+            moved += pages;
         }
     }
     let before = e.promote.len();
     e.promote.retain(|&g| {
         let c = promote_cost(g);
-        let fits = used + c <= budget_pages;
+        // At least one move per tick, as the policy's limit is at least one region.
+        let fits = used + c <= budget_pages && (moved + c <= move_pages || moved == 0);
         if fits {
             used += c;
+            moved += c;
         }
         fits
     });
     e.deferred += (before - e.promote.len()) as u64;
+    moved
 }
 
 /// Bytes of tracking state per 4 KiB page of a hybrid store over `pages` pages with `split`
@@ -273,7 +286,8 @@ mod tests {
         let cases = [
             ((16, 16, 16, true), false),
             ((0, 16, 16, true), true),
-            ((10, 16, 16, true), false),
+            ((10, 16, 16, true), true),
+            ((13, 16, 16, true), false),
             ((8, 16, 16, true), true),
             ((16, 16, 16, false), true),
             ((3, 3, 16, false), false),
@@ -378,52 +392,73 @@ mod tests {
     fn fit_keeps_the_page_budget() {
         let g = |v: &[u32]| v.iter().copied().map(Granule).collect::<Vec<_>>();
         let cost = |x: Granule| u64::from(x.0) * 10;
-        // (used, budget, demote, forcible, promote) -> (demote, promote, forced, deferred)
+        // (used, budget, move pages, demote, forcible, promote)
+        //   -> (demote, promote, forced, deferred, pages moved)
         type Case = (
+            u64,
             u64,
             u64,
             Vec<u32>,
             Vec<(u32, u64)>,
             Vec<u32>,
-            (Vec<u32>, Vec<u32>, u64, u64),
+            (Vec<u32>, Vec<u32>, u64, u64, u64),
         );
         let cases: Vec<Case> = vec![
             (
                 100,
                 200,
+                999,
                 vec![],
                 vec![],
                 vec![5, 6, 1],
-                (vec![], vec![5, 1], 0, 1),
+                (vec![], vec![5, 1], 0, 1, 60),
             ),
-            (100, 100, vec![2], vec![], vec![3], (vec![2], vec![], 0, 1)),
+            (
+                100,
+                200,
+                55,
+                vec![],
+                vec![],
+                vec![5, 6, 1],
+                (vec![], vec![5], 0, 2, 50),
+            ),
+            (
+                100,
+                100,
+                999,
+                vec![2],
+                vec![],
+                vec![3],
+                (vec![2], vec![], 0, 1, 20),
+            ),
             (
                 300,
                 100,
+                0,
                 vec![1],
                 vec![(1, 10), (4, 0), (7, 150), (8, 50)],
                 vec![1],
-                (vec![1, 7, 8], vec![1], 2, 0),
+                (vec![1, 7, 8], vec![], 2, 1, 210),
             ),
         ];
-        for (used, budget, demote, forcible, promote, want) in cases {
+        for (used, budget, moves, demote, forcible, promote, want) in cases {
             let mut e = Enforced {
                 demote: g(&demote),
                 promote: g(&promote),
                 ..Enforced::default()
             };
-            fit(
+            let moved = fit(
                 &mut e,
                 used,
-                budget,
+                (budget, moves),
                 cost,
                 forcible.iter().map(|&(r, p)| (Granule(r), p)),
                 cost,
             );
             assert_eq!(
-                (e.demote, e.promote, e.forced, e.deferred),
-                (g(&want.0), g(&want.1), want.2, want.3),
-                "{used} {budget}"
+                (e.demote, e.promote, e.forced, e.deferred, moved),
+                (g(&want.0), g(&want.1), want.2, want.3, want.4),
+                "{used} {budget} {moves}"
             );
         }
     }

@@ -767,7 +767,7 @@ fn summary(name: &VmId, vm: &Vm) -> VmSummary {
 
 /// Hybrid tracking: split regions in DRAM follow their pages beside the policy's plan
 /// ([`hybrid::touch_ups`]): cold pages leave, then hot ones join while the budget has room in
-/// pages; at most `moves` regions.
+/// pages; at most `moves` pages.
 fn touch_up(
     cfg: &EngineConfig,
     migrator: &mut dyn Migrator,
@@ -987,7 +987,15 @@ fn tick_vm(
             vm.problems.clear(&name, Component::Hints);
         }
     }
-    let mut input = PolicyInput::from_records(vm.tick, g, vm.store.records(), budget, moves_left);
+    // Hybrid tracking: a region's move may take a few pages, so the policy's limit is in
+    // pages (as many regions) and the store's fit holds the real one.
+    let move_pages = moves_left.saturating_mul(g / PageSize::Base.bytes());
+    let policy_moves = if vm.store.is_hybrid() {
+        move_pages
+    } else {
+        moves_left
+    };
+    let mut input = PolicyInput::from_records(vm.tick, g, vm.store.records(), budget, policy_moves);
     if let Some(h) = &vm.hints {
         input.hints = h.tracker.hints();
     }
@@ -1014,9 +1022,9 @@ fn tick_vm(
 
     // The one enforcement rule (demotions first, forced ones when over budget — a budget
     // cut ignores the rate limit — then promotions while there is room and rate left).
-    let mut e = plan.enforce(vm.store.records(), budget, moves_left);
-    // Hybrid tracking: the budget in pages is the hard limit.
-    vm.store.fit(&mut e, vm.budget_bytes, hot_min);
+    let mut e = plan.enforce(vm.store.records(), budget, policy_moves);
+    // Hybrid tracking: the budget in pages is the hard limit, the moves are counted in pages.
+    let fitted = vm.store.fit(&mut e, vm.budget_bytes, move_pages, hot_min);
     vm.metrics.deferred_granules += e.deferred;
     if e.invalid > 0 {
         debug!(
@@ -1049,8 +1057,13 @@ fn tick_vm(
         deadline,
     )?;
     if vm.store.is_hybrid() {
-        let left = moves_left.saturating_sub((e.demote.len() + n) as u64);
+        let left = move_pages.saturating_sub(fitted);
         touch_up(cfg, migrator, vm, hot_min, left, deadline)?;
+        let st = vm.store.detail_stats();
+        debug!(
+            "{name}: tick {}: hybrid: {} of at most {} regions split; {} splits, {} merges, {} refused at the cap so far",
+            vm.tick, st.split, st.cap, st.splits, st.merges, st.refused
+        );
     }
 
     if vm.recheck_due || (cfg.refresh_ticks > 0 && vm.tick % cfg.refresh_ticks == 0) {

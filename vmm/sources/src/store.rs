@@ -445,11 +445,12 @@ impl HotnessStore {
         }
     }
 
-    /// Hybrid tracking: trims an enforced plan to `budget_bytes` of DRAM in pages
-    /// ([`hybrid::fit`]); nothing without it.
-    pub fn fit(&self, e: &mut Enforced, budget_bytes: u64, hot_min: u8) {
+    /// Hybrid tracking: trims an enforced plan to `budget_bytes` of DRAM and `move_pages`
+    /// pages moved ([`hybrid::fit`]); returns the pages it moves. Nothing without hybrid
+    /// tracking (returns 0).
+    pub fn fit(&self, e: &mut Enforced, budget_bytes: u64, move_pages: u64, hot_min: u8) -> u64 {
         if self.detail.is_none() {
-            return;
+            return 0;
         }
         let used = self.tier_bytes().fast / 4096;
         let mut fast: Vec<(u8, Granule)> = self
@@ -467,11 +468,11 @@ impl HotnessStore {
         hybrid::fit(
             e,
             used,
-            budget_bytes / 4096,
+            (budget_bytes / 4096, move_pages),
             |g| self.fast_pages(g),
             fast.iter().map(|&(_, g)| (g, self.fast_pages(g))),
             promote_cost,
-        );
+        )
     }
 
     /// The touch-up moves of split regions in the fast tier ([`hybrid::touch_ups`]).
@@ -491,29 +492,31 @@ impl HotnessStore {
             .collect()
     }
 
-    /// What to run of [`Self::touch_ups`] this tick: at most `moves` regions, trims first,
+    /// What to run of [`Self::touch_ups`] this tick: at most `move_pages` pages, trims first,
     /// then promotions whose pages fit in the DRAM left under `budget_bytes` (counted before
     /// the trims, which may fail).
     pub fn touch_up_plan(
         &self,
         hot_min: u8,
         budget_bytes: u64,
-        moves: u64,
+        move_pages: u64,
     ) -> Vec<(Granule, Step)> {
-        let cap = usize::try_from(moves).unwrap_or(usize::MAX);
+        let mut left = move_pages;
         let mut room = budget_bytes.saturating_sub(self.tier_bytes().fast) / 4096;
         let mut out = Vec::new();
         for (g, step) in self.touch_ups(hot_min) {
-            if out.len() >= cap {
-                break;
+            let Some(pages) = self.detail(g) else {
+                continue;
+            };
+            let n = match step {
+                Step::Promote => hybrid::promote_count(pages, hot_min),
+                _ => hybrid::select(pages, step, hot_min).count(),
+            } as u64;
+            if n > left || (step == Step::Promote && n > room) {
+                continue;
             }
+            left -= n;
             if step == Step::Promote {
-                let n = self
-                    .detail(g)
-                    .map_or(0, |p| hybrid::promote_count(p, hot_min) as u64);
-                if n > room {
-                    continue;
-                }
                 room -= n;
             }
             out.push((g, step));
