@@ -804,7 +804,8 @@ pub fn run_logged(
         };
 
         // Plan.
-        let hot_min = vmtier_core::hybrid::hot_min(max_gain);
+        let hot_min = vmtier_core::hybrid::hot_min(max_gain)
+            .max(store.page_cutoff(budget_pages * page_bytes));
         if hybrid {
             budget = store.policy_budget(budget_pages * page_bytes, hot_min);
         }

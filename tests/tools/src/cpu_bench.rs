@@ -200,9 +200,9 @@ fn measure(
     let vm: VmId = "proc".parse().ok()?;
     if let Err(e) = engine.attach(vm.clone(), ByteSize(len / 4), parts) {
         {
-        c.fatal(&format!("{name}: attach"), e);
-        return None;
-    }
+            c.fatal(&format!("{name}: attach"), e);
+            return None;
+        }
     }
     let status = engine.status(&vm).ok()?;
     let source = status.source.clone();
@@ -257,7 +257,12 @@ fn bench(c: &mut Checks, a: &CpuBenchArgs) -> Option<()> {
     }
     let exe = std::env::current_exe().ok()?;
     let mut cmd = Command::new(exe);
-    cmd.args(["cpu-bench", "--child", "--size", &format!("{}K", a.size.0 >> 10)]);
+    cmd.args([
+        "cpu-bench",
+        "--child",
+        "--size",
+        &format!("{}K", a.size.0 >> 10),
+    ]);
     if a.thp {
         cmd.arg("--thp");
     }
@@ -273,9 +278,9 @@ fn bench(c: &mut Checks, a: &CpuBenchArgs) -> Option<()> {
     let out = ch.0.stdout.take()?;
     if BufReader::new(out).read_line(&mut line).is_err() || line.is_empty() {
         {
-        c.fatal("child maps its memory", "no range printed");
-        return None;
-    }
+            c.fatal("child maps its memory", "no range printed");
+            return None;
+        }
     }
     let mut it = line.split_whitespace();
     let start = u64::from_str_radix(it.next()?.trim_start_matches("0x"), 16).ok()?;
@@ -329,9 +334,9 @@ fn bench(c: &mut Checks, a: &CpuBenchArgs) -> Option<()> {
         }
         if let Err(e) = std::fs::write(path, text) {
             {
-        c.fatal("write the JSON", e);
-        return None;
-    }
+                c.fatal("write the JSON", e);
+                return None;
+            }
         }
         println!("json {}", path.display());
     }

@@ -118,6 +118,25 @@ pub fn select(pages: &[HeatRecord], step: Step, hot_min: u8) -> impl Iterator<It
         .map(|(i, _)| i)
 }
 
+/// Pages by heat, `pages[h]`, of a whole VM: whole regions count all their pages at the
+/// region's heat, split ones each page at its own.
+pub type PagesByHeat = [u64; HeatRecord::MAX_HEAT as usize + 1];
+
+/// The lowest heat a page needs to be among the hottest `budget_pages` of the VM (0 when every
+/// page with any heat fits). A split region's promotion uses it as its `hot_min` when higher:
+/// the budget goes to the hottest pages of all regions, not to every warm page of the first
+/// regions the plan names.
+pub fn page_cutoff(pages: &PagesByHeat, budget_pages: u64) -> u8 {
+    let mut taken = 0u64;
+    for h in (1..=HeatRecord::MAX_HEAT).rev() {
+        taken += pages[usize::from(h)];
+        if taken > budget_pages {
+            return h.saturating_add(1).min(HeatRecord::MAX_HEAT);
+        }
+    }
+    0
+}
+
 /// How many pages [`select`] with [`Step::Promote`] picks, in one pass.
 pub fn promote_count(pages: &[HeatRecord], hot_min: u8) -> usize {
     let mut slow = [0usize; HeatRecord::MAX_HEAT as usize + 1];
@@ -385,6 +404,26 @@ mod tests {
                 by_heat[cost_slot(h, h == 16)] = (r, p);
             }
             assert_eq!(policy_budget(budget, &by_heat), want, "{budget} {spec:?}");
+        }
+    }
+
+    #[test]
+    fn page_cutoff_table() {
+        // (pages at heats [(heat, pages)], budget) -> cutoff
+        type Case = (&'static [(u8, u64)], u64, u8);
+        let cases: [Case; 5] = [
+            (&[(31, 100), (10, 100)], 1000, 0),
+            (&[(31, 100), (10, 100)], 200, 0),
+            (&[(31, 100), (10, 100)], 150, 11),
+            (&[(31, 100), (10, 100)], 50, 31),
+            (&[(0, 5000), (4, 10)], 10, 0),
+        ];
+        for (spec, budget, want) in cases {
+            let mut p: PagesByHeat = [0; 32];
+            for &(h, n) in spec {
+                p[usize::from(h)] = n;
+            }
+            assert_eq!(page_cutoff(&p, budget), want, "{spec:?} {budget}");
         }
     }
 

@@ -968,7 +968,8 @@ fn tick_vm(
         .max()
         .unwrap_or(HeatRecord::HEAT_GAIN);
     // Hybrid tracking: how hot a page of a split region must be to move with it.
-    let hot_min = hybrid::hot_min(max_gain);
+    // (Or the heat the hottest pages of the budget reach, if higher.)
+    let hot_min = hybrid::hot_min(max_gain).max(vm.store.page_cutoff(vm.budget_bytes));
     // Whole granules; with hybrid tracking, regions filled hottest first by their pages.
     let budget = vm.store.policy_budget(vm.budget_bytes, hot_min);
     // Guest hints: this tick's I/O, then checked against the store (docs/daemon.md).

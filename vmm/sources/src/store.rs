@@ -430,6 +430,27 @@ impl HotnessStore {
         hybrid::policy_budget(budget_bytes / 4096, &by_heat)
     }
 
+    /// The page heat that the hottest `budget_bytes` of the VM reach ([`hybrid::page_cutoff`]);
+    /// 0 without hybrid tracking.
+    pub fn page_cutoff(&self, budget_bytes: u64) -> u8 {
+        if self.detail.is_none() {
+            return 0;
+        }
+        let mut by: hybrid::PagesByHeat = [0; HeatRecord::MAX_HEAT as usize + 1];
+        for (i, r) in self.records.iter().enumerate() {
+            let g = Granule(u32::try_from(i).unwrap_or(u32::MAX));
+            match self.detail(g) {
+                Some(pages) => {
+                    for p in pages {
+                        by[usize::from(p.heat())] += 1;
+                    }
+                }
+                None => by[usize::from(r.heat())] += self.span(g).map_or(0, |s| s.len / 4096),
+            }
+        }
+        hybrid::page_cutoff(&by, budget_bytes / 4096)
+    }
+
     /// Pages of `granule` in the fast tier.
     fn fast_pages(&self, g: Granule) -> u64 {
         let slot = self
