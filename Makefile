@@ -168,3 +168,13 @@ deb: build
 	install -d -m 0755 $(TARGET)/deb-root/DEBIAN
 	sed 's/@VERSION@/$(VMTIER_VERSION)/' packaging/debian/control.in >$(TARGET)/deb-root/DEBIAN/control
 	dpkg-deb --root-owner-group --build $(TARGET)/deb-root $(TARGET)/vmtier_$(VMTIER_VERSION)_amd64.deb
+
+# Natively on this machine, not in the testbed (TCG inflates CPU time): vmtierd's engine
+# manages a local process with CPU_BENCH_SIZE of touched memory, 1 s ticks, per tracking mode
+# (2M, hybrid, 4K); its CPU ms per tick per GiB: table + target/bench/cpu.json. Needs a free
+# DAMON kdamond slot or soft-dirty (docs/policies.md, "vmtierd's CPU per tick").
+CPU_BENCH_SIZE ?= 4G
+.PHONY: bench-cpu
+bench-cpu:
+	$(CARGO) build --release --locked -p vmtier-testbed-tools
+	$(BIN)/tbcheck cpu-bench --size $(CPU_BENCH_SIZE) --out $(TARGET)/bench/cpu.json

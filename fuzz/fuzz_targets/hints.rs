@@ -78,6 +78,7 @@ fuzz_target!(|data: &[u8]| {
         &l,
         StoreConfig {
             granule: GranuleSize::BASE,
+            ..StoreConfig::default()
         },
     )
     .expect("a store");

@@ -34,6 +34,7 @@
 use std::time::Instant;
 
 use serde::{Deserialize, Serialize};
+use vmtier_core::hybrid::Step;
 use vmtier_core::policy::{
     Granule, HeatRecord, HintFault, PlacementPolicy, Plan, PolicyInput, Region, Tier,
     TrackingSource,
@@ -174,6 +175,10 @@ pub struct Config {
     pub seed: u64,
     /// Per-policy config tables, by policy name.
     pub policy: toml::Table,
+    /// Hybrid tracking as vmtierd's `detail_percent` (needs `granule_pages_log2 = 9`): the
+    /// most 2 MiB regions, in percent, that keep 4 KiB detail; 0 = off. The budget and the
+    /// move limit are then counted in 4 KiB pages touched, as with 4 KiB granules.
+    pub detail_percent: u8,
 }
 
 impl Default for Config {
@@ -205,6 +210,7 @@ impl Default for Config {
             heatmap_rows: 48,
             seed: 1,
             policy: toml::Table::new(),
+            detail_percent: 0,
         }
     }
 }
@@ -216,6 +222,11 @@ impl Config {
         }
         if self.granule_pages_log2 > 9 {
             return Err(Error::Config("granule_pages_log2 must be 0..=9"));
+        }
+        if self.detail_percent > 100 || (self.detail_percent > 0 && self.granule_pages_log2 != 9) {
+            return Err(Error::Config(
+                "detail_percent must be ≤ 100, and needs granule_pages_log2 = 9",
+            ));
         }
         if !(1..=16).contains(&self.abit_scans_per_tick) {
             return Err(Error::Config("abit_scans_per_tick must be 1..=16"));
@@ -479,8 +490,14 @@ pub fn run_logged(
     let granule_pages = granule.base_pages();
     let granule_bytes = granule.bytes();
     let page_bytes = PageSize::Base.bytes();
-    let mut store = HotnessStore::new(&sim_layout(trace.pages), StoreConfig { granule })
-        .map_err(|_| Error::Config("too many granules"))?;
+    let mut store = HotnessStore::new(
+        &sim_layout(trace.pages),
+        StoreConfig {
+            granule,
+            detail_percent: cfg.detail_percent,
+        },
+    )
+    .map_err(|_| Error::Config("too many granules"))?;
     let n = store.len();
     let mut touched = vec![false; n];
     for &p in &trace.accesses {
@@ -488,8 +505,29 @@ pub fn run_logged(
     }
     let footprint = touched.iter().filter(|&&t| t).count() as u64;
     drop(touched);
-    let budget = (footprint * u64::from(cfg.fast_permille) / 1000).max(1);
-    let max_moves = (budget * u64::from(cfg.move_permille) / 1000).max(1);
+    let mut budget = (footprint * u64::from(cfg.fast_permille) / 1000).max(1);
+    let mut max_moves = (budget * u64::from(cfg.move_permille) / 1000).max(1);
+    // Hybrid tracking: the budget and move limit in 4 KiB pages touched, as a 4 KiB run has
+    // them; the policy gets them in regions (`HotnessStore::policy_budget`).
+    let hybrid = cfg.detail_percent > 0;
+    let (budget_pages, moves_pages) = if hybrid {
+        let mut seen = vec![false; trace.pages as usize];
+        for &p in &trace.accesses {
+            seen[p as usize] = true;
+        }
+        let pages = seen.iter().filter(|&&t| t).count() as u64;
+        let b = (pages * u64::from(cfg.fast_permille) / 1000).max(1);
+        let m = (b * u64::from(cfg.move_permille) / 1000).max(1);
+        budget = store.policy_budget(b * page_bytes, vmtier_core::hybrid::HOT_MIN);
+        // The policy's limit in regions is the limit in pages; `fit` holds the real one.
+        max_moves = m;
+        (b, m)
+    } else {
+        (0, 0)
+    };
+    let mut fast_pages: u64 = 0;
+    let mut moved_pages: u64 = 0;
+    let mut max_store_bytes = store.bytes_per_4k_page();
     let source = match (&*planner, cfg.source) {
         (Planner::Oracle, _) => TrackingSource::None,
         (Planner::Policy(p), Some(s)) if p.source() == TrackingSource::AbitScan => s.to_source(),
@@ -590,13 +628,21 @@ pub fn run_logged(
                 let g = (page >> gshift) as usize;
                 if !allocated[g] {
                     allocated[g] = true;
-                    if fast_used < budget {
+                    if hybrid {
+                        if fast_pages + granule_pages <= budget_pages {
+                            store.set_tier(Granule(g as u32), Tier::Fast);
+                            fast_pages += granule_pages;
+                        }
+                    } else if fast_used < budget {
                         store.set_tier(Granule(g as u32), Tier::Fast);
                         fast_used += 1;
                     }
                 }
-                let records = store.records();
-                hits += u64::from(records[g].is_fast());
+                hits += u64::from(if hybrid {
+                    store.page_is_fast(Granule(g as u32), (page & 511) as usize)
+                } else {
+                    store.records()[g].is_fast()
+                });
                 counts[g] += 1;
                 mask[g] |= bit;
                 if sampling {
@@ -758,6 +804,11 @@ pub fn run_logged(
         };
 
         // Plan.
+        let hot_min = vmtier_core::hybrid::hot_min(max_gain)
+            .max(store.page_cutoff(budget_pages * page_bytes));
+        if hybrid {
+            budget = store.policy_budget(budget_pages * page_bytes, hot_min);
+        }
         let records = store.records();
         let t0 = Instant::now();
         let plan = match planner {
@@ -799,7 +850,8 @@ pub fn run_logged(
         // Apply as the engine does: the one enforcement rule, moves that always succeed.
         let mut moved = 0u64;
         let stamp_now = tick + 1;
-        let e = plan.enforce(records, budget, max_moves);
+        let mut e = plan.enforce(records, budget, max_moves);
+        let fitted = store.fit(&mut e, budget_pages * page_bytes, moves_pages, hot_min);
         res.plan_violations += e.invalid + e.deferred;
         let moves = e
             .demote
@@ -813,6 +865,16 @@ pub fn run_logged(
             }
             last_move[i] = stamp_now;
             allocated[i] = true;
+            if hybrid {
+                let step = if to == Tier::Fast {
+                    Step::Promote
+                } else {
+                    Step::Demote
+                };
+                moved_pages += store.apply(g, step, hot_min);
+                moved += 1;
+                continue;
+            }
             store.mark_moved(g, to);
             if to == Tier::Fast {
                 fast_used += 1;
@@ -820,6 +882,16 @@ pub fn run_logged(
                 fast_used -= 1;
             }
             moved += 1;
+        }
+        if hybrid {
+            // Split regions in DRAM follow their pages, as the engine's touch-ups.
+            let left = moves_pages.saturating_sub(fitted);
+            for (g, step) in store.touch_up_plan(hot_min, budget_pages * page_bytes, left) {
+                moved_pages += store.apply(g, step, hot_min);
+                moved += 1;
+            }
+            fast_pages = store.tier_bytes().fast / page_bytes;
+            max_store_bytes = max_store_bytes.max(store.bytes_per_4k_page());
         }
         res.moves += moved;
 
@@ -851,7 +923,12 @@ pub fn run_logged(
 
     res.ticks = ticks;
     res.hit_ratio = res.hits as f64 / res.accesses.max(1) as f64;
-    res.bytes_migrated = res.moves * granule_bytes;
+    res.bytes_migrated = if hybrid {
+        res.store_bytes_per_page = max_store_bytes;
+        moved_pages * page_bytes
+    } else {
+        res.moves * granule_bytes
+    };
     let pages = (n as u64 * granule_pages).max(1) as f64;
     res.metadata_bytes_per_page = match planner {
         Planner::Policy(p) => p.state_bytes() as f64 / pages,

@@ -385,6 +385,17 @@ fn cmd_report(args: &[String]) -> Result<(), Error> {
             s.store_bytes_per_page_2m,
             s.replay_accesses_per_s
         );
+        println!(
+            "scale: hybrid tracking ({}% of regions mixed, detail cap {}%): plan {:.1} ms, track {:.1} ms per tick; store {:.3} B/page; {} regions split, {} refused; {} reports per tick",
+            s.mixed_percent,
+            scale::HYBRID_DETAIL_PERCENT,
+            s.plan_ms_hybrid,
+            s.track_ms_hybrid,
+            s.store_bytes_per_page_hybrid,
+            s.split_regions,
+            s.refused_splits,
+            s.reports_per_tick
+        );
         Some(s)
     };
     let met = reports

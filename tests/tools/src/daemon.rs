@@ -54,6 +54,9 @@ pub struct DaemonArgs {
     /// case, where one accessed bit covers one page instead of 512.
     #[arg(long)]
     expect_4k: bool,
+    /// vmtierd's `detail_percent` (hybrid 2 MiB / 4 KiB tracking); 0 leaves it out.
+    #[arg(long, default_value_t = 0)]
+    detail_percent: u8,
 }
 
 /// A running vmtierd and the way to talk to it.
@@ -352,6 +355,15 @@ pub fn run(c: &mut Checks, a: &DaemonArgs) {
         g.qmp.display(),
         a.budget.0 >> 10
     );
+    let config = if a.detail_percent > 0 {
+        config.replacen(
+            "[daemon]\n",
+            &format!("[daemon]\ndetail_percent = {}\n", a.detail_percent),
+            1,
+        )
+    } else {
+        config
+    };
     // Before vmtierd starts: it moves pages from its first tick on.
     let kmod_moved0 = crate::kmod::kstat("pages_moved");
     let d = match Daemon::start(&dir, &socket, &config) {

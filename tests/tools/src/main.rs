@@ -6,6 +6,7 @@ mod agent;
 mod api;
 mod bench_e2e;
 mod check;
+mod cpu_bench;
 mod daemon;
 mod faults;
 mod guest;
@@ -79,6 +80,9 @@ enum Cmd {
     /// vmtierd's HTTP API on the workload guest: budget through the API (DRAM follows),
     /// refusals change nothing, /metrics checked by promtool, schemathesis contract test.
     Api(api::ApiArgs),
+    /// Natively, not in the testbed: vmtierd's CPU time per tick on a local process, per
+    /// tracking mode; table and JSON (`make bench-cpu`).
+    CpuBench(cpu_bench::CpuBenchArgs),
 }
 
 fn main() -> ExitCode {
@@ -102,6 +106,7 @@ fn main() -> ExitCode {
         Cmd::AgentGuest(a) => agent::guest(&mut c, &a),
         Cmd::AgentHost(a) => agent::host(&mut c, &a),
         Cmd::Api(a) => api::run(&mut c, &a),
+        Cmd::CpuBench(a) => cpu_bench::run(&mut c, &a),
     }
     c.finish()
 }

@@ -596,6 +596,7 @@ fn guest_hot_set_run(c: &mut Checks, a: &SourcesArgs, elf: &std::path::Path, wha
         &layout,
         StoreConfig {
             granule: vmtier_core::GranuleSize::HUGE,
+            ..StoreConfig::default()
         },
     ) {
         Ok(s) => s,

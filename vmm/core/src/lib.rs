@@ -5,6 +5,8 @@
 //! - [`layout`]: where a guest's RAM lives in the VMM process.
 //! - [`backend`]: the [`backend::VmBackend`] trait that reports it.
 //! - [`hotness`]: the [`hotness::HotnessSource`] trait and what it reports.
+//! - [`hybrid`]: the rules of hybrid 2 MiB / 4 KiB tracking (split mixed regions, merge
+//!   uniform ones, the policy's budget in regions).
 //! - [`migrate`]: the [`migrate::Migrator`] trait and per-page outcomes.
 //! - [`policy`]: the pure [`policy::PlacementPolicy`] trait and its input/plan types.
 //! - [`process`]: [`process::Pidfd`], a managed process that cannot be confused with a
@@ -13,6 +15,7 @@
 pub mod addr;
 pub mod backend;
 pub mod hotness;
+pub mod hybrid;
 pub mod layout;
 pub mod migrate;
 pub mod policy;

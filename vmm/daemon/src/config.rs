@@ -218,6 +218,10 @@ pub struct DaemonConfig {
     /// CPU threads or DMA channels per module call; 0 = the module's default, at most 64.
     /// Default 0.
     pub kmod_workers: u32,
+    /// Hybrid 2 MiB / 4 KiB tracking (needs `granule = "2M"`): the most 2 MiB regions, in
+    /// percent of the VM's, that keep 4 KiB detail where their heat is mixed; 0 = off,
+    /// at most 100. Default 0.
+    pub detail_percent: u8,
 }
 
 /// `[daemon] migrator`: how pages move.
@@ -249,6 +253,7 @@ impl Default for DaemonConfig {
             migrator: MigratorChoice::Auto,
             kmod_engine: CopyEngine::Auto,
             kmod_workers: 0,
+            detail_percent: 0,
         }
     }
 }
@@ -341,6 +346,18 @@ impl Config {
                     MAX_NODES - 1
                 )));
             }
+        }
+        if d.detail_percent > 100 {
+            return Err(Error::Invalid(format!(
+                "detail_percent {} is out of range: 0 to 100",
+                d.detail_percent
+            )));
+        }
+        if d.detail_percent > 0 && d.granule != GranuleSize::HUGE {
+            return Err(Error::Invalid(format!(
+                "detail_percent needs granule = \"2M\" (granule is {})",
+                d.granule
+            )));
         }
         let sock = d.socket.as_os_str().len();
         if d.socket.file_name().is_none() || sock > MAX_SOCKET_PATH {
@@ -531,6 +548,9 @@ mod tests {
             ("[daemon]\nrate_limit_mbps = 18446744073709\n", "rate_limit_mbps 18446744073709 is out of range"),
             ("[daemon]\nrefresh_ticks = 1000001\n", "refresh_ticks 1000001 is out of range: 0 to 1000000"),
             ("[daemon]\nkmod_workers = 65\n", "kmod_workers 65 is out of range: 0 to 64"),
+            ("[daemon]\ndetail_percent = 101\n", "detail_percent 101 is out of range: 0 to 100"),
+            ("[daemon]\ndetail_percent = 256\n", "line 2, column 18"),
+            ("[daemon]\ngranule = \"4K\"\ndetail_percent = 20\n", "detail_percent needs granule = \"2M\" (granule is 4 KiB)"),
             ("[daemon]\nkmod_workers = 4294967296\n", "line 2, column 16"),
             ("[daemon]\nfast_node = 1024\nslow_node = 0\n", "fast_node 1024 is not a node id (0 to 1023)"),
             ("[daemon]\nslow_node = 4294967295\n", "slow_node 4294967295 is not a node id"),

@@ -37,6 +37,7 @@ use std::time::{Duration, Instant};
 use log::{debug, info, warn};
 use vmtier_core::backend::{Error as BackendError, VmBackend};
 use vmtier_core::hotness::{Error as SourceError, HotnessSource};
+use vmtier_core::hybrid::{self, Step};
 use vmtier_core::migrate::{
     Error as MigrateError, MigrationReport, Migrator, PageLocation, PageLocator, PageOutcome,
     PageRef,
@@ -130,6 +131,8 @@ pub struct EngineConfig {
     pub refresh_ticks: u64,
     /// Capacity of the fast node, bytes (budgets above it are refused); `None` = unknown.
     pub fast_node_bytes: Option<u64>,
+    /// Hybrid tracking: percent of 2 MiB regions that may keep 4 KiB detail; 0 = off.
+    pub detail_percent: u8,
 }
 
 /// Chooses and attaches a hotness source once the layout is known; returns it with the
@@ -429,6 +432,7 @@ impl Engine {
             &layout,
             StoreConfig {
                 granule: self.cfg.granule,
+                detail_percent: self.cfg.detail_percent,
             },
         )
         .map_err(|e| Error::Store(name.clone(), e))?;
@@ -799,14 +803,36 @@ fn summary(name: &VmId, vm: &Vm) -> VmSummary {
     }
 }
 
-/// Base pages of a granule, appended to `out`.
-fn granule_pages(store: &HotnessStore, g: Granule, out: &mut Vec<PageRef>) {
-    if let Some(span) = store.span(g) {
-        out.extend(span.hva.base_pages(span.len).map(|addr| PageRef {
-            addr,
-            size: PageSize::Base,
-        }));
-    }
+/// Hybrid tracking: split regions in DRAM follow their pages beside the policy's plan
+/// ([`hybrid::touch_ups`]): cold pages leave, then hot ones join while the budget has room in
+/// pages; at most `moves` pages.
+fn touch_up(
+    cfg: &EngineConfig,
+    migrator: &mut dyn Migrator,
+    vm: &mut Vm,
+    hot_min: u8,
+    moves: u64,
+    deadline: Instant,
+) -> Result<(), Lost> {
+    let ups = vm.store.touch_up_plan(hot_min, vm.budget_bytes, moves);
+    let of = |step: Step| -> Vec<Granule> {
+        ups.iter()
+            .filter(|(_, s)| *s == step)
+            .map(|(g, _)| *g)
+            .collect()
+    };
+    let (trims, promote) = (of(Step::Trim), of(Step::Promote));
+    move_granules(cfg, migrator, vm, &trims, Step::Trim, hot_min, deadline)?;
+    move_granules(
+        cfg,
+        migrator,
+        vm,
+        &promote,
+        Step::Promote,
+        hot_min,
+        deadline,
+    )?;
+    Ok(())
 }
 
 /// Where a granule's pages are.
@@ -877,14 +903,37 @@ fn refresh_placement(
     let mut per_node: BTreeMap<NodeId, u64> = BTreeMap::new();
     let n = u32::try_from(vm.store.len()).unwrap_or(u32::MAX);
     let mut tiers: Vec<(Granule, Placement)> = Vec::new();
+    // Hybrid tracking: split regions take their pages' tiers one by one.
+    let split: Vec<bool> = if vm.store.is_hybrid() {
+        (0..n)
+            .map(|g| vm.store.detail(Granule(g)).is_some())
+            .collect()
+    } else {
+        Vec::new()
+    };
+    let mut pages: Vec<(Granule, Vec<(HostVirtAddr, Tier)>)> = Vec::new();
     locate_granules(
         cfg,
         locator,
         vm,
         (0..n).map(Granule),
-        |g, p, _, _| tiers.push((g, p)),
+        |g, p, addrs, locs| {
+            if split.get(g.index()).copied().unwrap_or(false) {
+                let on = addrs.iter().zip(locs).filter_map(|(&a, l)| match l {
+                    PageLocation::On(node) if *node == cfg.fast_node => Some((a, Tier::Fast)),
+                    PageLocation::On(_) => Some((a, Tier::Slow)),
+                    _ => None,
+                });
+                pages.push((g, on.collect()));
+            } else {
+                tiers.push((g, p));
+            }
+        },
         &mut per_node,
     )?;
+    for (g, t) in pages {
+        vm.store.set_page_tiers(g, &t, false);
+    }
     let tick = vm.tick;
     for (g, p) in tiers {
         let tier = if p.fast > 0 { Tier::Fast } else { Tier::Slow };
@@ -949,7 +998,18 @@ fn tick_vm(
     }
 
     let g = cfg.granule.bytes();
-    let budget = vm.budget_bytes / g;
+    // The source's range this tick (soft-dirty: one sample, gain ≤ 3), for heat margins.
+    let max_gain = vm
+        .reports
+        .iter()
+        .map(|r| HeatRecord::heat_gain(r.samples, r.samples))
+        .max()
+        .unwrap_or(HeatRecord::HEAT_GAIN);
+    // Hybrid tracking: how hot a page of a split region must be to move with it.
+    // (Or the heat the hottest pages of the budget reach, if higher.)
+    let hot_min = hybrid::hot_min(max_gain).max(vm.store.page_cutoff(vm.budget_bytes));
+    // Whole granules; with hybrid tracking, regions filled hottest first by their pages.
+    let budget = vm.store.policy_budget(vm.budget_bytes, hot_min);
     // Guest hints: this tick's I/O, then checked against the store (docs/daemon.md).
     if let Some(h) = vm.hints.as_mut() {
         let now = Instant::now();
@@ -966,17 +1026,19 @@ fn tick_vm(
             vm.problems.clear(&name, Component::Hints);
         }
     }
-    let mut input = PolicyInput::from_records(vm.tick, g, vm.store.records(), budget, moves_left);
+    // Hybrid tracking: a region's move may take a few pages, so the policy's limit is in
+    // pages (as many regions) and the store's fit holds the real one.
+    let move_pages = moves_left.saturating_mul(g / PageSize::Base.bytes());
+    let policy_moves = if vm.store.is_hybrid() {
+        move_pages
+    } else {
+        moves_left
+    };
+    let mut input = PolicyInput::from_records(vm.tick, g, vm.store.records(), budget, policy_moves);
     if let Some(h) = &vm.hints {
         input.hints = h.tracker.hints();
     }
-    // The source's range this tick (soft-dirty: one sample, gain ≤ 3), for heat margins.
-    input.max_gain = vm
-        .reports
-        .iter()
-        .map(|r| HeatRecord::heat_gain(r.samples, r.samples))
-        .max()
-        .unwrap_or(HeatRecord::HEAT_GAIN);
+    input.max_gain = max_gain;
     let fast_used = input.fast_used();
     let plan = vm.parts.policy.plan(&input);
     if log::log_enabled!(log::Level::Debug) && !plan.is_empty() {
@@ -999,7 +1061,9 @@ fn tick_vm(
 
     // The one enforcement rule (demotions first, forced ones when over budget — a budget
     // cut ignores the rate limit — then promotions while there is room and rate left).
-    let e = plan.enforce(vm.store.records(), budget, moves_left);
+    let mut e = plan.enforce(vm.store.records(), budget, policy_moves);
+    // Hybrid tracking: the budget in pages is the hard limit, the moves are counted in pages.
+    let fitted = vm.store.fit(&mut e, vm.budget_bytes, move_pages, hot_min);
     vm.metrics.deferred_granules += e.deferred;
     if e.invalid > 0 {
         debug!(
@@ -1007,14 +1071,39 @@ fn tick_vm(
             vm.tick, e.invalid
         );
     }
-    let left_fast = move_granules(cfg, migrator, vm, &e.demote, Tier::Slow, deadline)?;
+    let left_fast = move_granules(
+        cfg,
+        migrator,
+        vm,
+        &e.demote,
+        Step::Demote,
+        hot_min,
+        deadline,
+    )?;
     // Demotions that did not complete still hold DRAM: promote only into real room.
     let room = budget.saturating_sub(fast_used.saturating_sub(left_fast));
     let n = usize::try_from(room)
         .unwrap_or(usize::MAX)
         .min(e.promote.len());
     vm.metrics.deferred_granules += (e.promote.len() - n) as u64;
-    move_granules(cfg, migrator, vm, &e.promote[..n], Tier::Fast, deadline)?;
+    move_granules(
+        cfg,
+        migrator,
+        vm,
+        &e.promote[..n],
+        Step::Promote,
+        hot_min,
+        deadline,
+    )?;
+    if vm.store.is_hybrid() {
+        let left = move_pages.saturating_sub(fitted);
+        touch_up(cfg, migrator, vm, hot_min, left, deadline)?;
+        let st = vm.store.detail_stats();
+        debug!(
+            "{name}: tick {}: hybrid: {} of at most {} regions split; {} splits, {} merges, {} refused at the cap so far",
+            vm.tick, st.split, st.cap, st.splits, st.merges, st.refused
+        );
+    }
 
     if vm.recheck_due || (cfg.refresh_ticks > 0 && vm.tick % cfg.refresh_ticks == 0) {
         vm.recheck_due = false;
@@ -1244,7 +1333,8 @@ fn move_granules(
     migrator: &mut dyn Migrator,
     vm: &mut Vm,
     granules: &[Granule],
-    tier: Tier,
+    step: Step,
+    hot_min: u8,
     deadline: Instant,
 ) -> Result<u64, Lost> {
     let per_granule = usize::try_from(cfg.granule.base_pages())
@@ -1262,30 +1352,40 @@ fn move_granules(
             );
             break;
         }
-        done += move_batch(cfg, migrator, vm, batch, tier)?;
+        done += move_batch(cfg, migrator, vm, batch, step, hot_min)?;
     }
     Ok(done)
 }
 
-/// One migrator call for `granules`; see [`move_granules`].
+/// One migrator call for `granules`; see [`move_granules`]. A split region (hybrid
+/// tracking) moves the pages `step` picks and takes each page's outcome; it is never retried
+/// (what did not move is picked again by a later plan or touch-up).
 fn move_batch(
     cfg: &EngineConfig,
     migrator: &mut dyn Migrator,
     vm: &mut Vm,
     granules: &[Granule],
-    tier: Tier,
+    step: Step,
+    hot_min: u8,
 ) -> Result<u64, Lost> {
     if granules.is_empty() {
         return Ok(0);
     }
+    let tier = step.target();
     let node = match tier {
         Tier::Fast => cfg.fast_node,
         Tier::Slow => cfg.slow_node,
     };
     let mut pages = Vec::new();
     let mut ends = Vec::with_capacity(granules.len());
+    let mut addrs = Vec::new();
     for &g in granules {
-        granule_pages(&vm.store, g, &mut pages);
+        addrs.clear();
+        vm.store.pages_of(g, step, hot_min, &mut addrs);
+        pages.extend(addrs.iter().map(|&addr| PageRef {
+            addr,
+            size: PageSize::Base,
+        }));
         ends.push(pages.len());
         // A move the other way supersedes a pending retry.
         vm.retries.remove(&g);
@@ -1297,10 +1397,33 @@ fn move_batch(
     let mut done = 0;
     let mut at = 0;
     for (&g, &end) in granules.iter().zip(&ends) {
-        let c = Counts::of(report.outcomes.get(at..end).unwrap_or_default());
+        let outcomes = report.outcomes.get(at..end).unwrap_or_default();
+        let c = Counts::of(outcomes);
         let n = (end - at) as u64;
+        let moved: Vec<(HostVirtAddr, Tier)> = if vm.store.detail(g).is_some() {
+            pages[at..end]
+                .iter()
+                .zip(outcomes)
+                .filter(|(_, o)| matches!(o, PageOutcome::OnTarget))
+                .map(|(p, _)| (p.addr, tier))
+                .collect()
+        } else {
+            Vec::new()
+        };
+        let split = vm.store.detail(g).is_some();
         at = end;
         account_bytes(vm, tier, c.on);
+        if split {
+            vm.store.set_page_tiers(g, &moved, true);
+            if c.on + c.absent == n {
+                done += 1;
+                match tier {
+                    Tier::Fast => vm.metrics.promoted_granules += 1,
+                    Tier::Slow => vm.metrics.demoted_granules += 1,
+                }
+            }
+            continue;
+        }
         if c.on + c.absent == n {
             finish(vm, g, tier);
             done += 1;
@@ -1349,6 +1472,7 @@ fn recheck_layout(
                 &l,
                 StoreConfig {
                     granule: cfg.granule,
+                    detail_percent: cfg.detail_percent,
                 },
             )
             .map_err(Lost::Store)?;
@@ -1586,6 +1710,7 @@ mod tests {
             granule: GranuleSize::HUGE,
             refresh_ticks: 5,
             fast_node_bytes: Some(1 << 30),
+            detail_percent: 0,
         };
         Engine::new(
             cfg,
@@ -2585,5 +2710,87 @@ mod tests {
         }
         assert!(hot_in_dram(&w, 0, 32 * MIB) * 10 >= 32 * MIB * 9);
         assert_eq!(e.status(&vm).unwrap().summary.state, "active");
+    }
+
+    /// Reports `(offset, len, hits of 20)` in address order, the rest seen cold.
+    struct RangesSource(Vec<(u64, u64, u32)>, u64);
+    impl HotnessSource for RangesSource {
+        fn name(&self) -> &'static str {
+            "ranges"
+        }
+        fn attach(&mut self, _: &GuestMemoryLayout) -> Result<(), SourceError> {
+            Ok(())
+        }
+        fn collect(&mut self, out: &mut Vec<RegionAccess>) -> Result<(), SourceError> {
+            let mut at = 0;
+            let mut push = |start: u64, len: u64, hits: u32| {
+                if len > 0 {
+                    out.push(RegionAccess {
+                        start: HostVirtAddr::new(BASE + start),
+                        len,
+                        hits,
+                        samples: 20,
+                    });
+                }
+            };
+            for &(off, len, hits) in &self.0 {
+                push(at, off - at, 0);
+                push(off, len, hits);
+                at = off + len;
+            }
+            push(at, self.1 - at, 0);
+            Ok(())
+        }
+        fn detach(&mut self) {}
+    }
+
+    #[test]
+    fn hybrid_tracking_moves_dense_regions_whole_and_only_the_hot_pages_of_mixed_ones() {
+        // 256 MiB: a dense 8 MiB hot set (4 whole regions) and 32 regions with only 64 KiB
+        // hot each (2 MiB of hot pages). Budget 12 MiB: with hybrid tracking all 10 MiB of
+        // hot pages fit; with whole 2 MiB granules the sparse ones cost 64 MiB and do not.
+        let len = 256 * MIB;
+        let mut hot = vec![(16 * MIB, 8 * MIB, 20)];
+        hot.extend((0..32u64).map(|k| (64 * MIB + k * 4 * MIB + 128 * 1024, 64 * 1024, 20)));
+        // (detail percent) -> (hot bytes in DRAM at least, at most). 30% of 128 regions: all
+        // 32 mixed ones split; 10%: 12 split, the other 20 stay whole and do not fit.
+        let cases = [
+            (30u8, 10 * MIB, 10 * MIB),
+            (10, 8 * MIB + 12 * 64 * 1024, 9 * MIB),
+            (0, 0, 12 * MIB - MIB),
+        ];
+        for (percent, lo, hi) in cases {
+            let w = world(len);
+            let mut e = engine(&w, 1000);
+            e.cfg.detail_percent = percent;
+            let parts = VmParts {
+                backend: Box::new(FakeBackend(Arc::new(Mutex::new(Some(one_range(7, len)))))),
+                source: {
+                    let src = RangesSource(hot.clone(), len);
+                    Box::new(move |_| Ok((Box::new(src) as Box<dyn HotnessSource>, "r".into())))
+                },
+                policy: vmtier_policies::registry::build("default", None).unwrap(),
+                hints: None,
+            };
+            let vm: VmId = "g".parse().unwrap();
+            e.attach(vm.clone(), ByteSize(12 * MIB), parts).unwrap();
+            for _ in 0..12 {
+                e.tick();
+                assert!(dram_bytes(&w) <= 12 * MIB, "{percent}%: over budget");
+            }
+            let in_dram: u64 = hot.iter().map(|&(o, l, _)| hot_in_dram(&w, o, l)).sum();
+            assert!(
+                (lo..=hi).contains(&in_dram),
+                "{percent}%: {} KiB of hot pages in DRAM",
+                in_dram / 1024
+            );
+            if percent == 30 {
+                // The dense set moved as whole regions, and nothing else is in DRAM.
+                assert_eq!(hot_in_dram(&w, 16 * MIB, 8 * MIB), 8 * MIB);
+                assert_eq!(dram_bytes(&w), 10 * MIB);
+                let st = e.status(&vm).unwrap();
+                assert_eq!(st.summary.fast_bytes, 10 * MIB);
+            }
+        }
     }
 }

@@ -1392,6 +1392,7 @@ mod tests {
             &l,
             StoreConfig {
                 granule: vmtier_core::GranuleSize::HUGE,
+                ..StoreConfig::default()
             },
         )
         .unwrap();

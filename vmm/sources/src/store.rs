@@ -20,13 +20,30 @@
 //! to 31; a one-off pass (a scan, a checksum sweep) fades in a few ticks. A granule that two
 //! adjacent reports share gains the larger of the two. Granules no report covers only cool.
 //!
+//! # Hybrid tracking
+//!
+//! With 2 MiB granules and [`StoreConfig::detail_percent`] above 0, a granule (a *region*)
+//! whose heat is mixed in a tick ([`hybrid::RegionSeen::mixed`]: two reports of very different
+//! heat cut it, or a report covers only part of it) is *split*: it gets one more record per
+//! 4 KiB page, observed like a 4 KiB store's, while its own record goes on as before (the
+//! policy plans over regions). At most `detail_percent` % of the regions are split at a time;
+//! a mixed region beyond the cap stays whole (counted in [`DetailStats::refused`]). A split
+//! region whose pages are uniform again ([`hybrid::uniform`]) is merged at the next tick.
+//! Moves of split regions take only some of their pages ([`hybrid::Step`],
+//! [`HotnessStore::pages_of`]); a split region is in the fast tier if any of its pages is, and
+//! charges only those pages ([`HotnessStore::tier_bytes`], [`HotnessStore::policy_budget`]).
+//!
 //! # Memory
 //!
 //! One [`HeatRecord`] byte per granule plus a few dozen bytes per RAM range: **1 byte per
 //! 4 KiB page** with 4 KiB granules, **1/512 byte per 4 KiB page** with 2 MiB granules
 //! ([`HotnessStore::memory_bytes`] reports the exact figure). No per-report state is kept.
+//! Hybrid tracking adds 4 bytes per region (the detail index) and 512 bytes per split region:
+//! with `detail_percent = 20` at most about 0.21 byte per 4 KiB page
+//! ([`hybrid::bytes_per_page`]).
 
-use vmtier_core::policy::{Granule, HeatRecord, Tier};
+use vmtier_core::hybrid::{self, RegionSeen, Step};
+use vmtier_core::policy::{Enforced, Granule, HeatRecord, Tier};
 use vmtier_core::{GranuleSize, GuestMemoryLayout, GuestPhysAddr, HostVirtAddr, RegionAccess};
 
 /// Error building a store.
@@ -35,6 +52,9 @@ pub enum Error {
     /// The layout has more granules than a [`Granule`] can index.
     #[error("Too many granules for one VM")]
     TooManyGranules,
+    /// Hybrid tracking needs 2 MiB granules.
+    #[error("Hybrid tracking needs 2 MiB granules")]
+    HybridNeedsHugeGranules,
 }
 
 /// Number of buckets of [`Histogram`].
@@ -101,14 +121,128 @@ pub struct GranuleSpan {
 pub struct StoreConfig {
     /// The placement granule. Default 4 KiB.
     pub granule: GranuleSize,
+    /// Hybrid tracking (2 MiB granules only): the most regions, in percent of all, that keep
+    /// 4 KiB detail; 0 = off. Default 0.
+    pub detail_percent: u8,
 }
 
 impl Default for StoreConfig {
     fn default() -> Self {
         Self {
             granule: GranuleSize::BASE,
+            detail_percent: 0,
         }
     }
+}
+
+/// Hybrid tracking's counters.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct DetailStats {
+    /// Regions split now.
+    pub split: u64,
+    /// The most regions that may be split at a time.
+    pub cap: u64,
+    /// Splits so far.
+    pub splits: u64,
+    /// Merges so far.
+    pub merges: u64,
+    /// Mixed regions left whole because the cap was reached, counted once per tick each.
+    pub refused: u64,
+}
+
+/// The 4 KiB detail of split regions.
+#[derive(Debug, Default)]
+struct Detail {
+    /// Per region: its slot, or [`NO_SLOT`].
+    slot_of: Vec<u32>,
+    /// Per slot: its region, or [`NO_SLOT`] when free.
+    owner: Vec<u32>,
+    /// [`REGION_PAGES`] records per slot.
+    pages: Vec<HeatRecord>,
+    /// Per slot: its pages in the fast tier (kept with every tier change).
+    fast: Vec<u16>,
+    free: Vec<u32>,
+    stats: DetailStats,
+}
+
+const NO_SLOT: u32 = u32::MAX;
+const REGION_PAGES: usize = 512;
+const _: () = assert!(REGION_PAGES as u64 == hybrid::REGION_PAGES);
+
+impl Detail {
+    fn slot(&self, region: usize) -> Option<usize> {
+        match self.slot_of.get(region) {
+            Some(&s) if s != NO_SLOT => Some(s as usize),
+            _ => None,
+        }
+    }
+
+    fn pages(&self, slot: usize) -> &[HeatRecord] {
+        &self.pages[slot * REGION_PAGES..(slot + 1) * REGION_PAGES]
+    }
+
+    fn pages_mut(&mut self, slot: usize) -> &mut [HeatRecord] {
+        &mut self.pages[slot * REGION_PAGES..(slot + 1) * REGION_PAGES]
+    }
+
+    /// Splits `region` with every page a copy of `record`; `None` at the cap.
+    fn split(&mut self, region: usize, record: HeatRecord) -> Option<usize> {
+        if self.stats.split >= self.stats.cap {
+            self.stats.refused += 1;
+            return None;
+        }
+        let slot = match self.free.pop() {
+            Some(s) => s as usize,
+            None => {
+                let s = self.owner.len();
+                self.owner.reserve_exact(1);
+                self.owner.push(NO_SLOT);
+                self.fast.reserve_exact(1);
+                self.fast.push(0);
+                // Grow by one region at a time: the cap bounds the memory, not a doubling.
+                self.pages.reserve_exact(REGION_PAGES);
+                self.pages
+                    .resize(self.pages.len() + REGION_PAGES, HeatRecord::default());
+                s
+            }
+        };
+        // Regions and slots are indexed by u32 (Granule); the store checked the count.
+        self.owner[slot] = u32::try_from(region).unwrap_or(NO_SLOT);
+        self.slot_of[region] = u32::try_from(slot).unwrap_or(NO_SLOT);
+        self.pages_mut(slot).fill(record);
+        self.recount(slot);
+        self.stats.split += 1;
+        self.stats.splits += 1;
+        Some(slot)
+    }
+
+    /// Recounts a slot's fast pages after its tiers changed.
+    fn recount(&mut self, slot: usize) {
+        let n = self.pages(slot).iter().filter(|p| p.is_fast()).count();
+        self.fast[slot] = u16::try_from(n).unwrap_or(u16::MAX);
+    }
+
+    fn merge(&mut self, slot: usize) {
+        let region = self.owner[slot] as usize;
+        self.slot_of[region] = NO_SLOT;
+        self.owner[slot] = NO_SLOT;
+        self.free.push(u32::try_from(slot).unwrap_or(NO_SLOT));
+        self.stats.split -= 1;
+        self.stats.merges += 1;
+    }
+}
+
+/// What the reports of one tick did to one region so far (reports come in address order).
+#[derive(Debug, Default)]
+struct Seen {
+    region: usize,
+    /// The region's host bytes `[lo, hi)`.
+    lo: u64,
+    hi: u64,
+    seen: RegionSeen,
+    covered: u64,
+    /// `(first page, end page, gain)` per report piece.
+    pieces: Vec<(usize, usize, u8)>,
 }
 
 /// Per-granule heat, tier and move age of one VM's RAM. See the module docs.
@@ -118,6 +252,7 @@ pub struct HotnessStore {
     shift: u32,
     spans: Vec<Span>,
     records: Vec<HeatRecord>,
+    detail: Option<Detail>,
 }
 
 /// `ceil(a / 2^s)` without overflow.
@@ -149,11 +284,27 @@ impl HotnessStore {
             next = next.checked_add(count).ok_or(Error::TooManyGranules)?;
         }
         let n = usize::try_from(next).map_err(|_| Error::TooManyGranules)?;
+        let detail = if config.detail_percent == 0 {
+            None
+        } else if config.granule != GranuleSize::HUGE {
+            return Err(Error::HybridNeedsHugeGranules);
+        } else {
+            let cap = u64::from(next) * u64::from(config.detail_percent.min(100)) / 100;
+            Some(Detail {
+                slot_of: vec![NO_SLOT; n],
+                stats: DetailStats {
+                    cap,
+                    ..DetailStats::default()
+                },
+                ..Detail::default()
+            })
+        };
         Ok(Self {
             granule_bytes: g,
             shift,
             spans,
             records: vec![HeatRecord::default(); n],
+            detail,
         })
     }
 
@@ -177,11 +328,16 @@ impl HotnessStore {
         self.records.is_empty()
     }
 
-    /// Bytes the store occupies on the heap (records and range index).
+    /// Bytes the store occupies on the heap (records, range index, hybrid detail).
     pub fn memory_bytes(&self) -> u64 {
         let spans = self.spans.capacity() * std::mem::size_of::<Span>();
         let recs = self.records.capacity() * std::mem::size_of::<HeatRecord>();
-        (spans + recs) as u64
+        let detail = self.detail.as_ref().map_or(0, |d| {
+            (d.slot_of.capacity() + d.owner.capacity() + d.free.capacity()) * 4
+                + d.fast.capacity() * 2
+                + d.pages.capacity()
+        });
+        (spans + recs + detail) as u64
     }
 
     /// [`Self::memory_bytes`] divided by the number of 4 KiB pages of guest RAM.
@@ -194,16 +350,287 @@ impl HotnessStore {
         self.memory_bytes() as f64 / pages as f64
     }
 
-    /// Advances one tick: heat halves, move ages advance. Call before [`Self::observe`].
+    /// Advances one tick: heat halves, move ages advance; split regions that are uniform
+    /// again merge. Call before [`Self::observe`].
     pub fn tick(&mut self) {
         for r in &mut self.records {
             *r = r.cooled().aged();
         }
+        let Some(d) = self.detail.as_mut() else {
+            return;
+        };
+        for slot in 0..d.owner.len() {
+            if d.owner[slot] == NO_SLOT {
+                continue;
+            }
+            let pages = d.pages_mut(slot);
+            for p in pages.iter_mut() {
+                *p = p.cooled().aged();
+            }
+            if hybrid::uniform(pages) {
+                let tier = pages[0].tier();
+                let region = d.owner[slot] as usize;
+                self.records[region] = self.records[region].placed_on(tier);
+                d.merge(slot);
+            }
+        }
+    }
+
+    /// Whether hybrid tracking is on.
+    pub fn is_hybrid(&self) -> bool {
+        self.detail.is_some()
+    }
+
+    /// Hybrid tracking's counters (zero without it).
+    pub fn detail_stats(&self) -> DetailStats {
+        self.detail
+            .as_ref()
+            .map_or_else(DetailStats::default, |d| d.stats)
+    }
+
+    /// The 4 KiB records of a split region (hybrid tracking), `None` for a whole one.
+    pub fn detail(&self, granule: Granule) -> Option<&[HeatRecord]> {
+        let d = self.detail.as_ref()?;
+        Some(d.pages(d.slot(granule.index())?))
+    }
+
+    /// Whether the `page`-th 4 KiB page of `granule` is in the fast tier (its detail record
+    /// if the region is split, else the granule's).
+    pub fn page_is_fast(&self, granule: Granule, page: usize) -> bool {
+        match self.detail(granule) {
+            Some(p) => p.get(page).is_some_and(|r| r.is_fast()),
+            None => self
+                .records
+                .get(granule.index())
+                .is_some_and(|r| r.is_fast()),
+        }
+    }
+
+    /// The fast-tier budget the policy gets, in granules, for `budget_bytes` of DRAM: the
+    /// whole granules that fit, or with hybrid tracking [`hybrid::policy_budget`] (a split
+    /// region costs its pages in DRAM and those a promotion with `hot_min` would take).
+    pub fn policy_budget(&self, budget_bytes: u64, hot_min: u8) -> u64 {
+        if self.detail.is_none() {
+            return budget_bytes / self.granule_bytes;
+        }
+        let mut by_heat: hybrid::CostByHeat = [(0, 0); 2 * (HeatRecord::MAX_HEAT as usize + 1)];
+        for (i, r) in self.records.iter().enumerate() {
+            let g = Granule(u32::try_from(i).unwrap_or(u32::MAX));
+            let (cost, split) = match self.detail(g) {
+                Some(pages) => {
+                    let more = hybrid::promote_count(pages, hot_min) as u64;
+                    (self.fast_pages(g) + more, true)
+                }
+                None => (self.span(g).map_or(0, |s| s.len / 4096), false),
+            };
+            let b = &mut by_heat[hybrid::cost_slot(r.heat(), split)];
+            b.0 += 1;
+            b.1 += cost;
+        }
+        hybrid::policy_budget(budget_bytes / 4096, &by_heat)
+    }
+
+    /// The page heat that the hottest `budget_bytes` of the VM reach ([`hybrid::page_cutoff`]);
+    /// 0 without hybrid tracking.
+    pub fn page_cutoff(&self, budget_bytes: u64) -> u8 {
+        if self.detail.is_none() {
+            return 0;
+        }
+        let mut by: hybrid::PagesByHeat = [0; HeatRecord::MAX_HEAT as usize + 1];
+        for (i, r) in self.records.iter().enumerate() {
+            let g = Granule(u32::try_from(i).unwrap_or(u32::MAX));
+            match self.detail(g) {
+                Some(pages) => {
+                    for p in pages {
+                        by[usize::from(p.heat())] += 1;
+                    }
+                }
+                None => by[usize::from(r.heat())] += self.span(g).map_or(0, |s| s.len / 4096),
+            }
+        }
+        hybrid::page_cutoff(&by, budget_bytes / 4096)
+    }
+
+    /// Pages of `granule` in the fast tier.
+    fn fast_pages(&self, g: Granule) -> u64 {
+        let slot = self
+            .detail
+            .as_ref()
+            .and_then(|d| Some((d, d.slot(g.index())?)));
+        match slot {
+            Some((d, s)) => u64::from(d.fast[s]),
+            None if self.records.get(g.index()).is_some_and(|r| r.is_fast()) => {
+                self.span(g).map_or(0, |s| s.len / 4096)
+            }
+            None => 0,
+        }
+    }
+
+    /// Hybrid tracking: trims an enforced plan to `budget_bytes` of DRAM and `move_pages`
+    /// pages moved ([`hybrid::fit`]); returns the pages it moves. Nothing without hybrid
+    /// tracking (returns 0).
+    pub fn fit(&self, e: &mut Enforced, budget_bytes: u64, move_pages: u64, hot_min: u8) -> u64 {
+        if self.detail.is_none() {
+            return 0;
+        }
+        let used = self.tier_bytes().fast / 4096;
+        let mut fast: Vec<(u8, Granule)> = self
+            .records
+            .iter()
+            .enumerate()
+            .filter(|(_, r)| r.is_fast())
+            .map(|(i, r)| (r.heat(), Granule(u32::try_from(i).unwrap_or(u32::MAX))))
+            .collect();
+        fast.sort_unstable();
+        let promote_cost = |g: Granule| match self.detail(g) {
+            Some(pages) => hybrid::promote_count(pages, hot_min) as u64,
+            None => self.span(g).map_or(0, |s| s.len / 4096),
+        };
+        hybrid::fit(
+            e,
+            used,
+            (budget_bytes / 4096, move_pages),
+            |g| self.fast_pages(g),
+            fast.iter().map(|&(_, g)| (g, self.fast_pages(g))),
+            promote_cost,
+        )
+    }
+
+    /// The touch-up moves of split regions in the fast tier ([`hybrid::touch_ups`]).
+    pub fn touch_ups(&self, hot_min: u8) -> Vec<(Granule, Step)> {
+        let Some(d) = self.detail.as_ref() else {
+            return Vec::new();
+        };
+        let split = d
+            .owner
+            .iter()
+            .enumerate()
+            .filter(|&(slot, &r)| r != NO_SLOT && d.fast[slot] > 0)
+            .map(|(slot, &r)| (r, d.pages(slot)));
+        hybrid::touch_ups(split, hot_min)
+            .into_iter()
+            .map(|(r, s)| (Granule(r), s))
+            .collect()
+    }
+
+    /// What to run of [`Self::touch_ups`] this tick: at most `move_pages` pages, trims first,
+    /// then promotions whose pages fit in the DRAM left under `budget_bytes` (counted before
+    /// the trims, which may fail).
+    pub fn touch_up_plan(
+        &self,
+        hot_min: u8,
+        budget_bytes: u64,
+        move_pages: u64,
+    ) -> Vec<(Granule, Step)> {
+        let mut left = move_pages;
+        let mut room = budget_bytes.saturating_sub(self.tier_bytes().fast) / 4096;
+        let mut out = Vec::new();
+        for (g, step) in self.touch_ups(hot_min) {
+            let Some(pages) = self.detail(g) else {
+                continue;
+            };
+            let n = match step {
+                Step::Promote => hybrid::promote_count(pages, hot_min),
+                _ => hybrid::select(pages, step, hot_min).count(),
+            } as u64;
+            if n > left || (step == Step::Promote && n > room) {
+                continue;
+            }
+            left -= n;
+            if step == Step::Promote {
+                room -= n;
+            }
+            out.push((g, step));
+        }
+        out
+    }
+
+    /// The base pages a move of `granule` to `step`'s tier takes, appended to `out`: all of
+    /// them, or for a split region those [`hybrid::select`] picks.
+    pub fn pages_of(&self, granule: Granule, step: Step, hot_min: u8, out: &mut Vec<HostVirtAddr>) {
+        let Some(span) = self.span(granule) else {
+            return;
+        };
+        match self.detail(granule) {
+            Some(pages) => out.extend(
+                hybrid::select(pages, step, hot_min)
+                    .map(|i| HostVirtAddr::new(span.hva.raw() + 4096 * i as u64)),
+            ),
+            None => out.extend(span.hva.base_pages(span.len)),
+        }
+    }
+
+    /// Records that the page at `hva` of split region `granule` is on `tier` (`moved`: vmtier
+    /// migrated it this tick). The region is in the fast tier while any page is. Ignored for a
+    /// whole region or an address outside it.
+    pub fn set_page_tier(&mut self, granule: Granule, hva: HostVirtAddr, tier: Tier, moved: bool) {
+        self.set_page_tiers(granule, &[(hva, tier)], moved);
+    }
+
+    /// [`Self::set_page_tier`] for many pages of one region.
+    pub fn set_page_tiers(
+        &mut self,
+        granule: Granule,
+        tiers: &[(HostVirtAddr, Tier)],
+        moved: bool,
+    ) {
+        let Some(span) = self.span(granule) else {
+            return;
+        };
+        let Some(d) = self.detail.as_mut() else {
+            return;
+        };
+        let Some(slot) = d.slot(granule.index()) else {
+            return;
+        };
+        let pages = d.pages_mut(slot);
+        for &(hva, tier) in tiers {
+            let Some(off) = hva.raw().checked_sub(span.hva.raw()) else {
+                continue;
+            };
+            let Some(p) = pages.get_mut(usize::try_from(off / 4096).unwrap_or(usize::MAX)) else {
+                continue;
+            };
+            *p = if moved {
+                p.moved_to(tier)
+            } else {
+                p.placed_on(tier)
+            };
+        }
+        d.recount(slot);
+        let fast = if d.fast[slot] > 0 {
+            Tier::Fast
+        } else {
+            Tier::Slow
+        };
+        let r = &mut self.records[granule.index()];
+        *r = if moved {
+            r.moved_to(fast)
+        } else {
+            r.placed_on(fast)
+        };
+    }
+
+    /// Applies a move of `granule` that took every page [`Self::pages_of`] named (the
+    /// simulator's moves always succeed); returns the pages moved.
+    pub fn apply(&mut self, granule: Granule, step: Step, hot_min: u8) -> u64 {
+        let mut addrs = Vec::new();
+        self.pages_of(granule, step, hot_min, &mut addrs);
+        if self.detail(granule).is_none() {
+            self.mark_moved(granule, step.target());
+            return addrs.len() as u64;
+        }
+        let tiers: Vec<(HostVirtAddr, Tier)> = addrs.iter().map(|&a| (a, step.target())).collect();
+        self.set_page_tiers(granule, &tiers, true);
+        addrs.len() as u64
     }
 
     /// Folds reports into the records. Returns the bytes of the reports that fell outside
     /// guest RAM (ignored).
     pub fn observe(&mut self, reports: &[RegionAccess]) -> u64 {
+        if self.detail.is_some() {
+            return self.observe_hybrid(reports);
+        }
         let mut outside = 0u64;
         // The granule the previous report ended in and the gain it added there: sources
         // report in address order, so a granule cut by a report boundary is seen twice in a
@@ -249,18 +676,137 @@ impl HotnessStore {
         outside
     }
 
+    /// [`Self::observe`] with hybrid tracking: regions as 2 MiB granules, plus the detail of
+    /// split regions, splitting the mixed ones.
+    fn observe_hybrid(&mut self, reports: &[RegionAccess]) -> u64 {
+        let mut outside = 0u64;
+        let mut cur: Option<Seen> = None;
+        for a in reports {
+            let Some(end) = a.end().map(HostVirtAddr::raw) else {
+                outside = outside.saturating_add(a.len);
+                continue;
+            };
+            let gain = HeatRecord::heat_gain(a.hits, a.samples);
+            let full = HeatRecord::heat_gain(a.samples, a.samples);
+            let mut covered = 0u64;
+            for si in 0..self.spans.len() {
+                let s = self.spans[si];
+                let lo = a.start.raw().max(s.hva);
+                let hi = end.min(s.hva + s.len);
+                if lo >= hi {
+                    continue;
+                }
+                covered = covered.saturating_add(hi - lo);
+                let g0 = u32::try_from((lo - s.base()) >> self.shift).unwrap_or(u32::MAX);
+                let g1 = u32::try_from((hi - 1 - s.base()) >> self.shift).unwrap_or(0);
+                for k in g0..=g1 {
+                    let region = s.first as usize + k as usize;
+                    let (rlo, rhi) = s.granule(k, self.shift);
+                    if cur.as_ref().is_some_and(|c| c.region != region) {
+                        if let Some(done) = cur.take() {
+                            self.finish_region(done);
+                        }
+                    }
+                    let c = cur.get_or_insert_with(|| Seen {
+                        region,
+                        lo: rlo,
+                        hi: rhi,
+                        seen: RegionSeen {
+                            min_gain: u8::MAX,
+                            ..RegionSeen::default()
+                        },
+                        ..Seen::default()
+                    });
+                    let (plo, phi) = (lo.max(rlo), hi.min(rhi));
+                    c.covered += phi - plo;
+                    c.seen.min_gain = c.seen.min_gain.min(gain);
+                    c.seen.max_gain = c.seen.max_gain.max(gain);
+                    c.seen.full_gain = c.seen.full_gain.max(full);
+                    // Pages are 4 KiB from the region's start (regions start on 2 MiB).
+                    let first = usize::try_from((plo - rlo) / 4096).unwrap_or(0);
+                    let last = usize::try_from((phi - rlo).div_ceil(4096)).unwrap_or(0);
+                    c.pieces.push((first, last, gain));
+                }
+            }
+            outside = outside.saturating_add(a.len.saturating_sub(covered));
+        }
+        if let Some(done) = cur.take() {
+            self.finish_region(done);
+        }
+        outside
+    }
+
+    /// Folds one region's pieces of this tick into its record and detail; splits it if it
+    /// looked mixed.
+    fn finish_region(&mut self, mut c: Seen) {
+        let before = self.records[c.region];
+        self.records[c.region] = before.observed(c.seen.max_gain);
+        let Some(d) = self.detail.as_mut() else {
+            return;
+        };
+        c.seen.covered = c.covered >= c.hi - c.lo;
+        let whole = c.hi - c.lo == self.granule_bytes;
+        let slot = match d.slot(c.region) {
+            Some(s) => s,
+            None if whole && c.seen.mixed() => match d.split(c.region, before) {
+                Some(s) => s,
+                None => return,
+            },
+            None => return,
+        };
+        let pages = d.pages_mut(slot);
+        // A page two adjacent pieces share keeps the larger gain; a piece seen cold adds
+        // nothing.
+        c.pieces.retain(|p| p.2 > 0);
+        let mut last: Option<(usize, u8)> = None;
+        c.pieces.sort_unstable();
+        for &(first, end, gain) in &c.pieces {
+            for (i, p) in pages
+                .iter_mut()
+                .enumerate()
+                .take(end.min(REGION_PAGES))
+                .skip(first)
+            {
+                let add = match last {
+                    Some((j, prev)) if j == i => gain.saturating_sub(prev),
+                    _ => gain,
+                };
+                *p = p.observed(add);
+            }
+            last = Some((end.saturating_sub(1), gain));
+        }
+    }
+
     /// Records that `granule` is on `tier` without a migration by vmtier (first placement,
-    /// or a move observed from outside). Out-of-range granules are ignored.
+    /// or a move observed from outside); every page of a split region. Out-of-range granules
+    /// are ignored.
     pub fn set_tier(&mut self, granule: Granule, tier: Tier) {
         if let Some(r) = self.records.get_mut(granule.index()) {
             *r = r.placed_on(tier);
         }
+        if let Some(d) = self.detail.as_mut() {
+            if let Some(slot) = d.slot(granule.index()) {
+                for p in d.pages_mut(slot) {
+                    *p = p.placed_on(tier);
+                }
+                d.recount(slot);
+            }
+        }
     }
 
-    /// Records that vmtier migrated `granule` to `tier` this tick (move age 0).
+    /// Records that vmtier migrated `granule` to `tier` this tick (move age 0); every page of
+    /// a split region.
     pub fn mark_moved(&mut self, granule: Granule, tier: Tier) {
         if let Some(r) = self.records.get_mut(granule.index()) {
             *r = r.moved_to(tier);
+        }
+        if let Some(d) = self.detail.as_mut() {
+            if let Some(slot) = d.slot(granule.index()) {
+                for p in d.pages_mut(slot) {
+                    *p = p.moved_to(tier);
+                }
+                d.recount(slot);
+            }
         }
     }
 
@@ -315,7 +861,7 @@ impl HotnessStore {
         h
     }
 
-    /// Bytes of guest RAM per tier (partial granules counted exactly).
+    /// Bytes of guest RAM per tier (partial granules counted exactly, split regions by page).
     pub fn tier_bytes(&self) -> TierBytes {
         let mut t = TierBytes::default();
         for s in &self.spans {
@@ -323,6 +869,12 @@ impl HotnessStore {
             for k in 0..s.count {
                 let (lo, hi) = s.granule(k, self.shift);
                 let len = hi - lo;
+                if self.detail(Granule(s.first + k)).is_some() {
+                    let fast = self.fast_pages(Granule(s.first + k)) * 4096;
+                    t.fast += fast;
+                    t.slow += len - fast;
+                    continue;
+                }
                 if self.records[first + k as usize].is_fast() {
                     t.fast += len;
                 } else {
@@ -371,6 +923,7 @@ mod tests {
             &layout(ranges),
             StoreConfig {
                 granule: GranuleSize::new(granule).unwrap(),
+                ..StoreConfig::default()
             },
         )
         .unwrap()
@@ -602,5 +1155,102 @@ mod tests {
             let b = s.bytes_per_4k_page();
             assert!((lo..=hi).contains(&b), "granule {g}: {b} bytes/page");
         }
+    }
+
+    fn hybrid(regions: u64, percent: u8) -> HotnessStore {
+        HotnessStore::new(
+            &layout(&[(0, A, regions << 21)]),
+            StoreConfig {
+                granule: GranuleSize::HUGE,
+                detail_percent: percent,
+            },
+        )
+        .unwrap()
+    }
+
+    #[test]
+    fn hybrid_needs_huge_granules() {
+        let r = HotnessStore::new(
+            &layout(&[(0, A, 4 << 20)]),
+            StoreConfig {
+                granule: GranuleSize::BASE,
+                detail_percent: 10,
+            },
+        );
+        assert_eq!(r.err(), Some(Error::HybridNeedsHugeGranules));
+    }
+
+    #[test]
+    fn mixed_regions_split_uniform_ones_stay_whole_and_merge_back() {
+        let m2 = 2u64 << 20;
+        // Four regions. r0: hot whole; r1: hot first 64 KiB, rest seen cold; r2: a report
+        // covers its second half only; r3: nothing. Split: r1 and r2.
+        let reports = [
+            acc(A, m2, 20),
+            acc(A + m2, 64 << 10, 20),
+            acc(A + m2 + (64 << 10), m2 - (64 << 10), 0),
+            acc(A + 2 * m2 + m2 / 2, m2 / 2, 20),
+        ];
+        let mut s = hybrid(4, 50);
+        s.tick();
+        s.observe(&reports);
+        assert_eq!(heats(&s), vec![16, 16, 16, 0]);
+        let split: Vec<bool> = (0..4).map(|g| s.detail(Granule(g)).is_some()).collect();
+        assert_eq!(split, vec![false, true, true, false]);
+        let d1 = s.detail(Granule(1)).unwrap();
+        assert_eq!((d1[0].heat(), d1[15].heat(), d1[16].heat()), (16, 16, 0));
+        let d2 = s.detail(Granule(2)).unwrap();
+        assert_eq!((d2[255].heat(), d2[256].heat()), (0, 16));
+        assert_eq!(s.detail_stats().split, 2);
+
+        // Promoting r1 takes its 16 hot pages; r0 moves whole.
+        let mut addrs = Vec::new();
+        s.pages_of(Granule(1), Step::Promote, 4, &mut addrs);
+        assert_eq!(addrs.len(), 16);
+        assert_eq!(s.apply(Granule(1), Step::Promote, 4), 16);
+        assert_eq!(s.apply(Granule(0), Step::Promote, 4), 512);
+        assert!(s.records()[1].is_fast());
+        assert!(s.page_is_fast(Granule(1), 15) && !s.page_is_fast(Granule(1), 16));
+        assert_eq!(s.tier_bytes().fast, m2 + (64 << 10));
+        // Budget of 3 regions' pages: r0 (512 pages), r1 (16) and r2 (256 hot pages) at
+        // heat 16 fit, then r3 (cold, whole: 512): 4 regions for 1296 pages.
+        assert_eq!(s.policy_budget(3 * m2, 4), 4);
+        // 1776 pages left over count whole regions.
+        assert_eq!(s.policy_budget(6 * m2, 4), 4 + 3);
+        // 512 pages: the split regions at heat 16 first (272 pages), r0 no longer fits.
+        assert_eq!(s.policy_budget(m2, 4), 2);
+
+        // Nothing seen for a few ticks: r2's detail cools to uniform and merges; r1 stays
+        // split (two tiers) until its fast pages are trimmed.
+        for _ in 0..4 {
+            s.tick();
+            s.observe(&[]);
+        }
+        assert!(s.detail(Granule(2)).is_none());
+        assert!(s.detail(Granule(1)).is_some());
+        let ups = s.touch_ups(4);
+        assert_eq!(ups, vec![(Granule(1), Step::Trim)]);
+        assert_eq!(s.apply(Granule(1), Step::Trim, 4), 16);
+        assert!(!s.records()[1].is_fast());
+        s.tick();
+        assert!(s.detail(Granule(1)).is_none());
+        let st = s.detail_stats();
+        assert_eq!((st.split, st.splits, st.merges), (0, 2, 2));
+    }
+
+    #[test]
+    fn the_cap_bounds_detail_memory() {
+        // 1 GiB, 10 %: at most 51 of 512 regions split, whatever the reports.
+        let mut s = hybrid(512, 10);
+        let reports: Vec<RegionAccess> =
+            (0..512u64).map(|r| acc(A + (r << 21), 4096, 20)).collect();
+        s.tick();
+        s.observe(&reports);
+        let st = s.detail_stats();
+        assert_eq!((st.split, st.cap, st.refused), (51, 51, 512 - 51));
+        let pages = 512 * 512;
+        let bound = hybrid::bytes_per_page(pages, 51) + 0.0005;
+        assert!(s.bytes_per_4k_page() <= bound, "{}", s.bytes_per_4k_page());
+        assert!(s.bytes_per_4k_page() < 0.25);
     }
 }

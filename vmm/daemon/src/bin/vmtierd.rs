@@ -116,6 +116,7 @@ fn main() -> ExitCode {
         granule: d.granule,
         refresh_ticks: d.refresh_ticks,
         fast_node_bytes: Some(fast_bytes),
+        detail_percent: d.detail_percent,
     };
     let migrator = match parts::migrator(&cfg) {
         Ok((m, line)) => {

@@ -1,0 +1,515 @@
+//! Hybrid 2 MiB / 4 KiB tracking: the rules, one implementation for vmtierd's hotness store,
+//! its engine and the trace simulator.
+//!
+//! A policy plans over 2 MiB *regions* (equal granules, so every policy works unchanged).
+//! Most regions are uniform — all hot or all cold — and move whole: one transparent huge page,
+//! one migration. A region whose heat is **mixed** (two reports with very different heat cut
+//! it, or only part of it was seen) is *split*: it gets a 4 KiB *detail* array of
+//! [`HeatRecord`]s, and when the policy promotes it only its hot pages move ("split sparse,
+//! promote dense whole"). A split region whose pages turn uniform again is merged (its detail
+//! dropped). The number of split regions is capped, which bounds the tracking state.
+//!
+//! The policy counts a region in the fast tier as one granule, but a split region in DRAM holds
+//! only its hot pages there. [`policy_budget`] turns the VM's budget in pages into the
+//! policy's budget in regions: as many regions as a hottest-first fill of the budget *in
+//! pages* takes, each region costing the pages it holds or would take to the fast tier. The
+//! budget in pages stays the hard limit: [`fit`] trims the enforced plan to it (forcing the
+//! coldest regions out when over it, dropping promotions that do not fit).
+
+use crate::policy::{Enforced, Granule, HeatRecord, PolicyInput, Tier};
+
+/// Base pages per region (one 2 MiB huge page).
+pub const REGION_PAGES: u64 = 512;
+
+/// A page of a split region is hot enough to move with its region at this heat (in units of a
+/// full-range source, like the default policy's `promote_min_heat`; scale it with
+/// `PolicyInput::scaled_heat`).
+pub const HOT_MIN: u8 = 4;
+
+/// [`HOT_MIN`] for a source whose largest gain per tick is `max_gain`
+/// ([`PolicyInput::scaled_heat`]).
+pub fn hot_min(max_gain: u8) -> u8 {
+    let mut input = PolicyInput::from_records(0, 4096, &[], 0, 0);
+    input.max_gain = max_gain;
+    input.scaled_heat(HOT_MIN)
+}
+
+/// A split region merges back when its pages' heats are within this spread (and all on one
+/// tier).
+pub const MERGE_SPREAD: u8 = 2;
+
+/// What one report (or the lack of one) did to a region during a tick.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct RegionSeen {
+    /// Smallest heat gain of a report covering part of the region.
+    pub min_gain: u8,
+    /// Largest heat gain of a report covering part of the region.
+    pub max_gain: u8,
+    /// Largest gain the reporting source can give (16 for DAMON, 3 for soft-dirty).
+    pub full_gain: u8,
+    /// Whether the reports covered every page of the region.
+    pub covered: bool,
+}
+
+impl RegionSeen {
+    /// Whether the region looked mixed this tick: the gains inside it differ by at least a
+    /// quarter of what the source can give (an uncovered part counts as gain 0); with
+    /// [`MERGE_SPREAD`] below it, a hysteresis.
+    pub fn mixed(&self) -> bool {
+        let low = if self.covered { self.min_gain } else { 0 };
+        let spread = self.max_gain.saturating_sub(low);
+        spread > 0 && spread >= (self.full_gain / 4).max(1)
+    }
+}
+
+/// Whether a split region's pages are uniform again (merge): all on one tier, heats within
+/// [`MERGE_SPREAD`].
+pub fn uniform(pages: &[HeatRecord]) -> bool {
+    let Some(first) = pages.first() else {
+        return true;
+    };
+    let (mut lo, mut hi) = (first.heat(), first.heat());
+    for p in pages {
+        if p.is_fast() != first.is_fast() {
+            return false;
+        }
+        lo = lo.min(p.heat());
+        hi = hi.max(p.heat());
+    }
+    hi - lo <= MERGE_SPREAD
+}
+
+/// Which pages of a split region a move takes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Step {
+    /// The policy promotes the region: its hot slow pages go to the fast tier. "Hot" is
+    /// `hot_min`, or the region's hottest page's heat if none reaches it (a promoted region
+    /// always moves something it saw).
+    Promote,
+    /// The policy demotes the region: every fast page goes.
+    Demote,
+    /// A region in the fast tier keeps up with its pages: cold fast pages (heat below half of
+    /// `hot_min`) go to the slow tier. Not a policy decision; see [`touch_ups`].
+    Trim,
+}
+
+impl Step {
+    /// The tier the step's pages go to.
+    pub fn target(self) -> Tier {
+        match self {
+            Step::Promote => Tier::Fast,
+            Step::Demote | Step::Trim => Tier::Slow,
+        }
+    }
+}
+
+/// Indices of the pages of a split region that `step` moves.
+pub fn select(pages: &[HeatRecord], step: Step, hot_min: u8) -> impl Iterator<Item = usize> + '_ {
+    let hottest = pages.iter().map(|p| p.heat()).max().unwrap_or(0);
+    let min = hot_min.min(hottest).max(1);
+    pages
+        .iter()
+        .enumerate()
+        .filter(move |(_, p)| match step {
+            Step::Promote => !p.is_fast() && p.heat() >= min,
+            Step::Demote => p.is_fast(),
+            Step::Trim => p.is_fast() && p.heat() < hot_min.div_ceil(2),
+        })
+        .map(|(i, _)| i)
+}
+
+/// Pages by heat, `pages[h]`, of a whole VM: whole regions count all their pages at the
+/// region's heat, split ones each page at its own.
+pub type PagesByHeat = [u64; HeatRecord::MAX_HEAT as usize + 1];
+
+/// The lowest heat a page needs to be among the hottest `budget_pages` of the VM (0 when every
+/// page with any heat fits). A split region's promotion uses it as its `hot_min` when higher:
+/// the budget goes to the hottest pages of all regions, not to every warm page of the first
+/// regions the plan names.
+pub fn page_cutoff(pages: &PagesByHeat, budget_pages: u64) -> u8 {
+    let mut taken = 0u64;
+    for h in (1..=HeatRecord::MAX_HEAT).rev() {
+        taken += pages[usize::from(h)];
+        if taken > budget_pages {
+            return h.saturating_add(1).min(HeatRecord::MAX_HEAT);
+        }
+    }
+    0
+}
+
+/// How many pages [`select`] with [`Step::Promote`] picks, in one pass.
+pub fn promote_count(pages: &[HeatRecord], hot_min: u8) -> usize {
+    let mut slow = [0usize; HeatRecord::MAX_HEAT as usize + 1];
+    let mut hottest = 0;
+    for p in pages {
+        hottest = hottest.max(p.heat());
+        if !p.is_fast() {
+            slow[usize::from(p.heat())] += 1;
+        }
+    }
+    let min = usize::from(hot_min.min(hottest).max(1));
+    slow[min..].iter().sum()
+}
+
+/// The moves that keep a split region in the fast tier up to date with its pages, beside the
+/// policy's plan: whether newly hot pages should join it ([`Step::Promote`]) and whether cold
+/// ones should leave ([`Step::Trim`]).
+pub fn touch_up(pages: &[HeatRecord], hot_min: u8) -> (bool, bool) {
+    let promote = pages
+        .iter()
+        .any(|p| !p.is_fast() && p.heat() >= hot_min.max(1));
+    let trim = select(pages, Step::Trim, hot_min).next().is_some();
+    (promote, trim)
+}
+
+/// Touch-up moves for every split region in the fast tier: `(region, step)`, trims first.
+/// `regions` yields `(region index, pages)` of the split regions.
+pub fn touch_ups<'a>(
+    regions: impl Iterator<Item = (u32, &'a [HeatRecord])>,
+    hot_min: u8,
+) -> Vec<(u32, Step)> {
+    let mut trims = Vec::new();
+    let mut promotes = Vec::new();
+    for (r, pages) in regions {
+        if !pages.iter().any(|p| p.is_fast()) {
+            continue;
+        }
+        let (p, t) = touch_up(pages, hot_min);
+        if t {
+            trims.push((r, Step::Trim));
+        }
+        if p {
+            promotes.push((r, Step::Promote));
+        }
+    }
+    trims.extend(promotes);
+    trims
+}
+
+/// Regions and their cost in pages by heat: `by_heat[2h]` = `(regions, pages)` of the whole
+/// regions of heat `h`, `by_heat[2h + 1]` of the split ones ([`cost_slot`]).
+pub type CostByHeat = [(u64, u64); 2 * (HeatRecord::MAX_HEAT as usize + 1)];
+
+/// The index of [`CostByHeat`] for a region of `heat`, split or not.
+pub fn cost_slot(heat: u8, split: bool) -> usize {
+    2 * usize::from(heat.min(HeatRecord::MAX_HEAT)) + usize::from(split)
+}
+
+/// The policy's fast-tier budget in regions for `budget_pages` 4 KiB pages: the regions a
+/// hottest-first fill takes, where `by_heat` holds the regions and their cost by heat (a whole
+/// region: its pages; a split one: its pages in DRAM plus those a promotion would take).
+/// Within one heat split regions come first (a policy cannot tell equal heats apart, so the
+/// count is the larger one; [`fit`] holds the real limit). Within the last class that fits
+/// only partly, regions count at its mean cost. Never below what whole regions alone give
+/// (`budget_pages / 512`).
+pub fn policy_budget(budget_pages: u64, by_heat: &CostByHeat) -> u64 {
+    let mut left = budget_pages;
+    let mut n = 0u64;
+    for &(regions, pages) in by_heat.iter().rev() {
+        if regions == 0 {
+            continue;
+        }
+        if pages <= left {
+            left -= pages;
+            n += regions;
+            continue;
+        }
+        let mean = pages.div_ceil(regions).max(1);
+        n += left / mean;
+        left = 0;
+        break;
+    }
+    // Budget left over after every region: as whole regions (nothing more to take anyway).
+    n += left / REGION_PAGES;
+    n.max(budget_pages / REGION_PAGES)
+}
+
+/// Trims an enforced plan to `budget_pages`, the hard limit, and to `move_pages` pages moved:
+/// after the plan's demotions (`demote_cost` pages each, in order), if the fast tier still
+/// holds more than the budget, the coldest other fast regions (`forcible`: `(region, pages
+/// held)`, coldest first) are forced out (a budget cut is not rate limited); then promotions
+/// run in plan order while their pages (`promote_cost`) fit in the budget and in the moves
+/// left (the first one always) — the others are deferred. `used` is the pages in the fast tier
+/// now. Returns the pages
+/// the trimmed plan moves.
+///
+/// The policy counts moves in regions; with split regions moving a few pages each, the caller
+/// gives it a move limit in pages (as many regions as pages) and this holds the real one.
+pub fn fit(
+    e: &mut Enforced,
+    used: u64,
+    (budget_pages, move_pages): (u64, u64),
+    demote_cost: impl Fn(Granule) -> u64,
+    forcible: impl Iterator<Item = (Granule, u64)>,
+    promote_cost: impl Fn(Granule) -> u64,
+) -> u64 {
+    let demoted: u64 = e.demote.iter().map(|&g| demote_cost(g)).sum();
+    let mut moved = demoted;
+    let mut used = used.saturating_sub(demoted);
+    if used > budget_pages {
+        let planned: std::collections::HashSet<Granule> = e.demote.iter().copied().collect();
+        for (g, pages) in forcible {
+            if used <= budget_pages {
+                break;
+            }
+            if planned.contains(&g) || pages == 0 {
+                continue;
+            }
+            e.demote.push(g);
+            e.forced += 1;
+            used = used.saturating_sub(pages);
+            moved += pages;
+        }
+    }
+    let before = e.promote.len();
+    e.promote.retain(|&g| {
+        let c = promote_cost(g);
+        // At least one move per tick, as the policy's limit is at least one region.
+        let fits = used + c <= budget_pages && (moved + c <= move_pages || moved == 0);
+        if fits {
+            used += c;
+            moved += c;
+        }
+        fits
+    });
+    e.deferred += (before - e.promote.len()) as u64;
+    moved
+}
+
+/// Bytes of tracking state per 4 KiB page of a hybrid store over `pages` pages with `split`
+/// regions split: one summary byte per region, a 4-byte slot index per region, 512 bytes, a
+/// 4-byte owner and a 2-byte count per split region.
+#[allow(clippy::cast_precision_loss)]
+pub fn bytes_per_page(pages: u64, split: u64) -> f64 {
+    let regions = pages.div_ceil(REGION_PAGES);
+    let bytes = regions * 5 + split * (REGION_PAGES + 6);
+    bytes as f64 / pages.max(1) as f64
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn pages(spec: &[(u8, bool)]) -> Vec<HeatRecord> {
+        spec.iter()
+            .map(|&(h, fast)| {
+                let t = if fast { Tier::Fast } else { Tier::Slow };
+                HeatRecord::new(h, t, HeatRecord::SETTLED)
+            })
+            .collect()
+    }
+
+    #[test]
+    fn mixed_regions_table() {
+        // (min, max, full, covered) -> mixed
+        let cases = [
+            ((16, 16, 16, true), false),
+            ((0, 16, 16, true), true),
+            ((10, 16, 16, true), true),
+            ((13, 16, 16, true), false),
+            ((8, 16, 16, true), true),
+            ((16, 16, 16, false), true),
+            ((3, 3, 16, false), false),
+            ((3, 3, 3, false), true),
+            ((3, 3, 3, true), false),
+            ((0, 0, 16, false), false),
+        ];
+        for ((min_gain, max_gain, full_gain, covered), want) in cases {
+            let s = RegionSeen {
+                min_gain,
+                max_gain,
+                full_gain,
+                covered,
+            };
+            assert_eq!(s.mixed(), want, "{s:?}");
+        }
+    }
+
+    #[test]
+    fn uniform_needs_one_tier_and_close_heat() {
+        let cases: [(&[(u8, bool)], bool); 5] = [
+            (&[], true),
+            (&[(5, false), (7, false), (6, false)], true),
+            (&[(5, false), (8, false)], false),
+            (&[(5, true), (5, false)], false),
+            (&[(31, true), (30, true)], true),
+        ];
+        for (spec, want) in cases {
+            assert_eq!(uniform(&pages(spec)), want, "{spec:?}");
+        }
+    }
+
+    #[test]
+    fn select_table() {
+        let p = pages(&[(0, false), (9, false), (4, true), (1, true), (31, false)]);
+        let cases = [
+            (Step::Promote, 4, vec![1, 4]),
+            (Step::Demote, 4, vec![2, 3]),
+            (Step::Trim, 4, vec![3]),
+            (Step::Trim, 16, vec![2, 3]),
+        ];
+        for (step, hot_min, want) in cases {
+            assert_eq!(
+                select(&p, step, hot_min).collect::<Vec<_>>(),
+                want,
+                "{step:?}"
+            );
+        }
+        // Nothing reaches hot_min: the hottest slow pages still go.
+        let weak = pages(&[(0, false), (2, false), (1, false)]);
+        assert_eq!(select(&weak, Step::Promote, 4).collect::<Vec<_>>(), vec![1]);
+        for (ps, hot_min) in [(&p, 4), (&p, 16), (&p, 0), (&weak, 4), (&weak, 1)] {
+            assert_eq!(
+                promote_count(ps, hot_min),
+                select(ps, Step::Promote, hot_min).count()
+            );
+        }
+        assert_eq!(Step::Trim.target(), Tier::Slow);
+    }
+
+    #[test]
+    fn touch_ups_only_for_fast_regions_trims_first() {
+        let slow = pages(&[(9, false), (0, false)]);
+        let fast_mixed = pages(&[(9, false), (0, true), (9, true)]);
+        let fast_done = pages(&[(9, true), (0, false)]);
+        let regions: Vec<(u32, &[HeatRecord])> =
+            vec![(0, &slow), (1, &fast_mixed), (2, &fast_done)];
+        assert_eq!(
+            touch_ups(regions.into_iter(), 4),
+            vec![(1, Step::Trim), (1, Step::Promote)]
+        );
+    }
+
+    #[test]
+    fn policy_budget_fills_hottest_first_in_pages() {
+        // (budget pages, [(heat, regions, pages)]) -> regions
+        type Case = (u64, &'static [(u8, u64, u64)], u64);
+        let cases: [Case; 6] = [
+            // Whole regions only: budget / 512.
+            (2048, &[(31, 10, 5120)], 4),
+            // Four dense regions, then 32 split ones of 16 hot pages: all fit, and the 512
+            // pages left count one whole region more.
+            (3072, &[(31, 4, 2048), (16, 32, 512)], 37),
+            // The split ones are colder than a whole cold mass: the mass takes the rest.
+            (3072, &[(31, 4, 2048), (16, 2, 32), (1, 100, 51200)], 7),
+            // Nothing hot: whole regions.
+            (1024, &[], 2),
+            // Part of a heat level at its mean cost (10 regions, 100 pages each).
+            (550, &[(20, 10, 1000)], 5),
+            (100, &[], 0),
+        ];
+        for (budget, spec, want) in cases {
+            let mut by_heat: CostByHeat = [(0, 0); 64];
+            for &(h, r, p) in spec {
+                by_heat[cost_slot(h, h == 16)] = (r, p);
+            }
+            assert_eq!(policy_budget(budget, &by_heat), want, "{budget} {spec:?}");
+        }
+    }
+
+    #[test]
+    fn page_cutoff_table() {
+        // (pages at heats [(heat, pages)], budget) -> cutoff
+        type Case = (&'static [(u8, u64)], u64, u8);
+        let cases: [Case; 5] = [
+            (&[(31, 100), (10, 100)], 1000, 0),
+            (&[(31, 100), (10, 100)], 200, 0),
+            (&[(31, 100), (10, 100)], 150, 11),
+            (&[(31, 100), (10, 100)], 50, 31),
+            (&[(0, 5000), (4, 10)], 10, 0),
+        ];
+        for (spec, budget, want) in cases {
+            let mut p: PagesByHeat = [0; 32];
+            for &(h, n) in spec {
+                p[usize::from(h)] = n;
+            }
+            assert_eq!(page_cutoff(&p, budget), want, "{spec:?} {budget}");
+        }
+    }
+
+    #[test]
+    fn fit_keeps_the_page_budget() {
+        let g = |v: &[u32]| v.iter().copied().map(Granule).collect::<Vec<_>>();
+        let cost = |x: Granule| u64::from(x.0) * 10;
+        // (used, budget, move pages, demote, forcible, promote)
+        //   -> (demote, promote, forced, deferred, pages moved)
+        type Case = (
+            u64,
+            u64,
+            u64,
+            Vec<u32>,
+            Vec<(u32, u64)>,
+            Vec<u32>,
+            (Vec<u32>, Vec<u32>, u64, u64, u64),
+        );
+        let cases: Vec<Case> = vec![
+            (
+                100,
+                200,
+                999,
+                vec![],
+                vec![],
+                vec![5, 6, 1],
+                (vec![], vec![5, 1], 0, 1, 60),
+            ),
+            (
+                100,
+                200,
+                55,
+                vec![],
+                vec![],
+                vec![5, 6, 1],
+                (vec![], vec![5], 0, 2, 50),
+            ),
+            (
+                100,
+                100,
+                999,
+                vec![2],
+                vec![],
+                vec![3],
+                (vec![2], vec![], 0, 1, 20),
+            ),
+            (
+                300,
+                100,
+                0,
+                vec![1],
+                vec![(1, 10), (4, 0), (7, 150), (8, 50)],
+                vec![1],
+                (vec![1, 7, 8], vec![], 2, 1, 210),
+            ),
+        ];
+        for (used, budget, moves, demote, forcible, promote, want) in cases {
+            let mut e = Enforced {
+                demote: g(&demote),
+                promote: g(&promote),
+                ..Enforced::default()
+            };
+            let moved = fit(
+                &mut e,
+                used,
+                (budget, moves),
+                cost,
+                forcible.iter().map(|&(r, p)| (Granule(r), p)),
+                cost,
+            );
+            assert_eq!(
+                (e.demote, e.promote, e.forced, e.deferred, moved),
+                (g(&want.0), g(&want.1), want.2, want.3, want.4),
+                "{used} {budget} {moves}"
+            );
+        }
+    }
+
+    #[test]
+    fn bytes_per_page_of_a_tebibyte() {
+        let pages = 1u64 << 28;
+        let regions = pages / REGION_PAGES;
+        let cases = [(0, 0.0098), (regions / 10, 0.1106), (regions / 5, 0.2114)];
+        for (split, want) in cases {
+            let got = bytes_per_page(pages, split);
+            assert!((got - want).abs() < 0.001, "{split}: {got}");
+        }
+    }
+}
