@@ -1131,6 +1131,11 @@ fn tick_vm(
             budget_bytes: vm.budget_bytes,
         },
         vm.store.records(),
+        |g| {
+            let pages = vm.store.detail(Granule(u32::try_from(g).ok()?))?;
+            let fast = pages.iter().filter(|r| r.is_fast()).count();
+            Some(u64::try_from(fast).ok()?.saturating_mul(4096))
+        },
     );
     Ok(())
 }

@@ -151,8 +151,15 @@ impl TickRing {
     }
 
     /// Appends the row of this tick from `records` (the store's, one per granule); the
-    /// oldest row goes once the ring is full.
-    pub fn push(&mut self, at: TickInfo, records: &[HeatRecord]) {
+    /// oldest row goes once the ring is full. `split_fast(g)` gives the bytes of granule `g`
+    /// in DRAM when only part of it is (a split region of hybrid tracking), `None` when its
+    /// record's tier holds for all of it.
+    pub fn push(
+        &mut self,
+        at: TickInfo,
+        records: &[HeatRecord],
+        split_fast: impl Fn(usize) -> Option<u64>,
+    ) {
         if self.size.ticks == 0 || records.len() != self.granules {
             return;
         }
@@ -172,14 +179,17 @@ impl TickRing {
                 let r = records[g as usize];
                 max = max.max(r.heat());
                 sum += u64::from(r.heat());
-                if r.is_fast() {
-                    fast += if g == b.g0 {
-                        b.first_len
-                    } else if g + 1 == b.g1 {
-                        b.last_len
-                    } else {
-                        self.granule_bytes
-                    };
+                let len = if g == b.g0 {
+                    b.first_len
+                } else if g + 1 == b.g1 {
+                    b.last_len
+                } else {
+                    self.granule_bytes
+                };
+                match split_fast(g as usize) {
+                    Some(bytes) => fast += bytes.min(len),
+                    None if r.is_fast() => fast += len,
+                    None => {}
                 }
             }
             let count = u64::from(b.g1 - b.g0).max(1);
@@ -280,7 +290,14 @@ mod tests {
     }
 
     fn store(l: &GuestMemoryLayout, granule: GranuleSize) -> HotnessStore {
-        HotnessStore::new(l, StoreConfig { granule }).unwrap()
+        HotnessStore::new(
+            l,
+            StoreConfig {
+                granule,
+                ..StoreConfig::default()
+            },
+        )
+        .unwrap()
     }
 
     fn at(tick: u64) -> TickInfo {
@@ -372,7 +389,7 @@ mod tests {
         for r in &mut recs[2048..2048 + 256] {
             *r = r.placed_on(Tier::Fast);
         }
-        ring.push(at(1), &recs);
+        ring.push(at(1), &recs, |_| None);
         let rows = ring.rows(None);
         assert_eq!(rows.len(), 1);
         let row = &rows[0];
@@ -386,7 +403,7 @@ mod tests {
             (1, 1000, 64 * MIB)
         );
         // A store of another size is not pushed into this ring.
-        ring.push(at(2), &recs[..100]);
+        ring.push(at(2), &recs[..100], |_| None);
         assert_eq!(ring.rows(None).len(), 1);
     }
 
@@ -405,7 +422,7 @@ mod tests {
         );
         let mut recs = vec![HeatRecord::default(); 3];
         recs[2] = recs[2].placed_on(Tier::Fast);
-        ring.push(at(1), &recs);
+        ring.push(at(1), &recs, |_| None);
         let row = &ring.rows(None)[0];
         assert_eq!(row.fast_bytes, MIB);
         assert_eq!(row.dram, vec![51]); // 255 / 5
@@ -437,7 +454,7 @@ mod tests {
                 // Tick t: granule t % 4 is hot, so each row is told apart.
                 let i = (t % 4) as usize;
                 recs[i] = recs[i].observed(u8::try_from(t).unwrap());
-                ring.push(at(t), &recs);
+                ring.push(at(t), &recs, |_| None);
             }
             let rows = ring.rows(ask);
             let ticks: Vec<u64> = rows.iter().map(|r| r.tick).collect();
