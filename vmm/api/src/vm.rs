@@ -63,6 +63,10 @@ pub struct VmConfig {
     /// The guest hint channel (`[vm.hints]`); none by default.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub hints: Option<crate::hints::HintsConfig>,
+    /// Guest-physical ranges pinned to a tier (`pins = [{ start = "0x0", size = "16M",
+    /// tier = "dram" }]`); none by default. Rounded outward to whole granules.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub pins: Vec<crate::pin::Pin>,
 }
 
 impl VmConfig {
@@ -85,6 +89,8 @@ impl VmConfig {
             h.validate()
                 .map_err(|why| Error::Invalid(format!("VM {name}: {why}")))?;
         }
+        crate::pin::validate(&self.pins, self.budget)
+            .map_err(|why| Error::Invalid(format!("VM {name}: {why}")))?;
         let mut spans = Vec::with_capacity(self.ranges.len());
         for r in &self.ranges {
             let (start, len) = (r.start.raw(), r.len.0);

@@ -5,6 +5,7 @@
 //!   <vmtier:tiering xmlns:vmtier="https://vmtier.org/xmlns/libvirt/1"
 //!                   budget="4G" policy="default" rate="100M" enabled="yes">
 //!     <vmtier:param name="hot_threshold" value="2"/>
+//!     <vmtier:pin start="0x0" size="16M" tier="dram"/>
 //!   </vmtier:tiering>
 //! </metadata>
 //! ```
@@ -17,6 +18,7 @@
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
 
+use vmtier_api::pin::{self, Pin, PinTier, MAX_PINS};
 use vmtier_core::ByteSize;
 
 /// The namespace URI of vmtier's metadata element.
@@ -78,6 +80,12 @@ pub enum Error {
     /// More than [`MAX_PARAMS`] parameters.
     #[error("More than {MAX_PARAMS} <param> elements")]
     TooManyParams,
+    /// More than [`MAX_PINS`] pinned ranges.
+    #[error("More than {MAX_PINS} <pin> elements")]
+    TooManyPins,
+    /// Pinned ranges that overlap or do not fit the budget.
+    #[error("Element <pin>: {0}")]
+    Pins(String),
 }
 
 /// A policy parameter's value, typed as TOML would type it (the policies take TOML tables).
@@ -132,6 +140,40 @@ pub struct Tiering {
     pub rate: Option<ByteSize>,
     /// `<param name= value=>` children: the policy's parameters.
     pub params: BTreeMap<String, ParamValue>,
+    /// `<pin start= size= tier=>` children: guest-physical ranges kept on one tier, in
+    /// document order.
+    pub pins: Vec<Pin>,
+}
+
+/// One `<pin start="0x0" size="16M" tier="dram"/>`.
+fn parse_pin(node: roxmltree::Node<'_, '_>) -> Result<Pin, Error> {
+    let (mut start, mut size, mut tier) = (None, None, None);
+    for a in node.attributes() {
+        let v = a.value();
+        match a.name() {
+            "start" if ours(a.namespace()) => {
+                start = Some(pin::parse_gpa(v).map_err(|why| bad("pin start", v, why))?);
+            }
+            "size" if ours(a.namespace()) => {
+                let b: ByteSize = v
+                    .parse()
+                    .map_err(|_| bad("pin size", v, "not a size (16M, 2G, 4096)"))?;
+                size = Some(b);
+            }
+            "tier" if ours(a.namespace()) => {
+                tier = Some(
+                    v.parse::<PinTier>()
+                        .map_err(|why| bad("pin tier", v, why))?,
+                );
+            }
+            other => return Err(Error::UnknownAttribute(other.into(), "pin".into())),
+        }
+    }
+    Ok(Pin {
+        start: start.ok_or_else(|| Error::Missing("pin start".into()))?,
+        size: size.ok_or_else(|| Error::Missing("pin size".into()))?,
+        tier: tier.ok_or_else(|| Error::Missing("pin tier".into()))?,
+    })
 }
 
 fn name_ok(s: &str) -> bool {
@@ -187,6 +229,7 @@ impl Tiering {
             policy: None,
             rate: None,
             params: BTreeMap::new(),
+            pins: Vec::new(),
         }
     }
 
@@ -260,6 +303,7 @@ impl Tiering {
             }
         }
         let mut params = BTreeMap::new();
+        let mut pins = Vec::new();
         for child in root.children() {
             if child.is_text() {
                 let t = child.text().unwrap_or("").trim();
@@ -272,6 +316,13 @@ impl Tiering {
                 continue;
             }
             let ct = child.tag_name();
+            if ct.name() == "pin" && ours(ct.namespace()) {
+                if pins.len() == MAX_PINS {
+                    return Err(Error::TooManyPins);
+                }
+                pins.push(parse_pin(child)?);
+                continue;
+            }
             if ct.name() != "param" || !ours(ct.namespace()) {
                 return Err(Error::UnknownElement(ct.name().to_owned()));
             }
@@ -302,12 +353,21 @@ impl Tiering {
                 return Err(Error::DuplicateParam(name.to_owned()));
             }
         }
+        let budget = budget.ok_or_else(|| Error::Missing("budget".into()))?;
+        pin::validate(&pins, budget).map_err(|e| {
+            let mut why = e.to_string();
+            if let pin::Error::OverBudget { .. } = e {
+                let _ = write!(why, " (attribute budget=\"{}\")", size_text(budget.0));
+            }
+            Error::Pins(why)
+        })?;
         Ok(Self {
             enabled,
-            budget: budget.ok_or_else(|| Error::Missing("budget".into()))?,
+            budget,
             policy,
             rate,
             params,
+            pins,
         })
     }
 
@@ -325,7 +385,7 @@ impl Tiering {
         if let Some(r) = self.rate {
             let _ = write!(s, " rate=\"{}\"", size_text(r.0));
         }
-        if self.params.is_empty() {
+        if self.params.is_empty() && self.pins.is_empty() {
             s.push_str("/>");
             return s;
         }
@@ -336,6 +396,15 @@ impl Tiering {
                 "<param name=\"{}\" value=\"{}\"/>",
                 escape(k),
                 escape(&v.text())
+            );
+        }
+        for p in &self.pins {
+            let _ = write!(
+                s,
+                "<pin start=\"{:#x}\" size=\"{}\" tier=\"{}\"/>",
+                p.start.0,
+                size_text(p.size.0),
+                p.tier
             );
         }
         let _ = write!(s, "</{ELEMENT}>");
@@ -364,6 +433,19 @@ mod tests {
         full.params.insert("flag".into(), ParamValue::Bool(true));
         full.params
             .insert("mode".into(), ParamValue::Str("x y".into()));
+        let mut pinned = t(48 << 20);
+        pinned.pins = vec![
+            Pin {
+                start: vmtier_core::GuestPhysAddr(16 << 20),
+                size: ByteSize(16 << 20),
+                tier: PinTier::Dram,
+            },
+            Pin {
+                start: vmtier_core::GuestPhysAddr(4096),
+                size: ByteSize(8192),
+                tier: PinTier::Cxl,
+            },
+        ];
         let mut off = t(64 << 20);
         off.enabled = false;
         let cases: Vec<(String, Tiering)> = vec![
@@ -372,6 +454,14 @@ mod tests {
             ("<tiering budget=\"1048576\"/>".into(), t(1 << 20)),
             ("<tiering budget=\"0\"/>".into(), t(0)),
             ("<tiering budget=\"1024T\"/>".into(), t(1 << 50)),
+            (
+                format!(
+                    "<vmtier:tiering {NS} budget=\"48M\"><vmtier:pin start=\"0x1000000\" \
+                     size=\"16M\" tier=\"dram\"/><vmtier:pin start=\"4096\" size=\"8192\" \
+                     tier=\"cxl\"/></vmtier:tiering>"
+                ),
+                pinned,
+            ),
             (
                 format!(
                     "<vmtier:tiering {NS} budget=\"4G\" policy=\"memtierd\" rate=\"100M/s\" \
@@ -456,7 +546,47 @@ mod tests {
             ),
             (
                 "<tiering budget=\"1G\"><pin start=\"0\"/></tiering>",
-                "Unknown element <pin> in <tiering>",
+                "Attribute pin size is missing",
+            ),
+            (
+                "<tiering budget=\"1G\"><pin size=\"1M\" tier=\"dram\"/></tiering>",
+                "Attribute pin start is missing",
+            ),
+            (
+                "<tiering budget=\"1G\"><pin start=\"0\" size=\"1M\"/></tiering>",
+                "Attribute pin tier is missing",
+            ),
+            (
+                "<tiering budget=\"1G\"><pin start=\"0x\" size=\"1M\" tier=\"dram\"/></tiering>",
+                "Attribute pin start=\"0x\": address \"0x\" is not 0x-hex or decimal",
+            ),
+            (
+                "<tiering budget=\"1G\"><pin start=\"0\" size=\"1Q\" tier=\"dram\"/></tiering>",
+                "Attribute pin size=\"1Q\": not a size",
+            ),
+            (
+                "<tiering budget=\"1G\"><pin start=\"0\" size=\"1M\" tier=\"hbm\"/></tiering>",
+                "Attribute pin tier=\"hbm\": expected dram or cxl",
+            ),
+            (
+                "<tiering budget=\"1G\"><pin start=\"0\" size=\"1M\" tier=\"dram\" x=\"1\"/></tiering>",
+                "Unknown attribute x on <pin>",
+            ),
+            (
+                "<tiering budget=\"48M\"><pin start=\"0x0\" size=\"64M\" tier=\"dram\"/></tiering>",
+                "Element <pin>: Pinned DRAM 64 MiB exceeds the budget 48 MiB (attribute budget=\"48M\")",
+            ),
+            (
+                "<tiering budget=\"48M\"><pin start=\"0x0\" size=\"8M\" tier=\"dram\"/><pin start=\"0x400000\" size=\"8M\" tier=\"cxl\"/></tiering>",
+                "Element <pin>: Pins 0x0+8 MiB (dram) and 0x400000+8 MiB (cxl) overlap",
+            ),
+            (
+                "<tiering budget=\"1G\"><pin start=\"0x1000\" size=\"0\" tier=\"cxl\"/></tiering>",
+                "Element <pin>: Pin 0x1000+0 B (cxl): empty",
+            ),
+            (
+                "<tiering budget=\"1G\"><pinned start=\"0\"/></tiering>",
+                "Unknown element <pinned> in <tiering>",
             ),
             ("<tiering budget=\"1G\">fast</tiering>", "Unexpected text \"fast\""),
             (

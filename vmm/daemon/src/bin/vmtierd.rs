@@ -129,11 +129,8 @@ fn main() -> ExitCode {
     };
     let mut engine = Engine::new(engine_cfg, migrator, Box::new(MovePages::default()));
     for vm in &cfg.vms {
-        let r = parts::build(&cfg, vm).and_then(|p| {
-            engine
-                .attach(vm.name.clone(), vm.budget, p)
-                .map_err(|e| chain(&e))
-        });
+        let r =
+            parts::build(&cfg, vm).and_then(|p| engine.attach_config(vm, p).map_err(|e| chain(&e)));
         if let Err(e) = r {
             // The other VMs are still managed; this one can be attached later.
             error!("{}: not managed: {e}", vm.name);
