@@ -8,8 +8,11 @@
 //!    its hot set reaches DRAM, DRAM use stays under the metadata's budget;
 //! 2. `virsh metadata --live` lowers the budget; DRAM follows within a few ticks;
 //! 3. bad metadata is refused: status names the attribute, the old budget stays in force;
-//! 4. a domain started later is attached automatically, one destroyed is detached;
-//! 5. the guest verifies all of its memory: 0 corrupted words.
+//! 4. `virsh metadata --live` pins a cold guest-physical range to DRAM: its pages (found at
+//!    the HVAs that range maps to) go to DRAM and stay; a DRAM pin larger than the budget is
+//!    refused, naming `<pin>`, and the pin in force is kept;
+//! 5. a domain started later is attached automatically, one destroyed is detached;
+//! 6. the guest verifies all of its memory: 0 corrupted words.
 
 use std::io::{BufRead, BufReader, Write as _};
 use std::os::unix::net::UnixStream;
@@ -533,7 +536,10 @@ pub fn run(c: &mut Checks, a: &LibvirtArgs) {
         out.trim().replace('\n', " | "),
     );
 
-    // 7. A domain started later is attached; destroyed, it is detached.
+    // 7. Pinned ranges: a cold range pinned to DRAM through the metadata.
+    pins(c, &d, &pages, hot, a, tick);
+
+    // 8. A domain started later is attached; destroyed, it is detached.
     let xml2 = dir.join("wl2.xml");
     let _ = std::fs::write(
         &xml2,
@@ -593,7 +599,7 @@ pub fn run(c: &mut Checks, a: &LibvirtArgs) {
         ),
     );
 
-    // 8. The guest checks all of its memory.
+    // 9. The guest checks all of its memory.
     con1.request_stop();
     let done = con1.wait_for("WG done", Duration::from_secs(300));
     con1.poll();
@@ -634,4 +640,158 @@ pub fn run(c: &mut Checks, a: &LibvirtArgs) {
         format!("{code:?}"),
     );
     let _ = virsh(&["destroy", "wl1"]);
+}
+
+/// `vmtierctl --json tiering VM`: its pins, if vmtierd answers.
+fn pins_in_force(d: &Daemon, vm: &str) -> Option<Vec<vmtier_api::pin::Pin>> {
+    let (_, out) = d.ctl(&["--json", "tiering", vm]);
+    match out
+        .lines()
+        .next()
+        .and_then(|l| serde_json::from_str::<Response>(l).ok())
+    {
+        Some(Response::Ok(Reply::Tiering(t))) => Some(t.pins),
+        _ => None,
+    }
+}
+
+/// A cold range of wl1 pinned to DRAM with `virsh metadata --live`; then a pin larger than
+/// the budget, refused.
+fn pins(
+    c: &mut Checks,
+    d: &Daemon,
+    pages: &GuestPages,
+    hot: (u64, u64),
+    a: &LibvirtArgs,
+    tick: Duration,
+) {
+    const PIN: u64 = 4 << 20;
+    let budget = vmtier_libvirt::metadata::size_text(a.lower_budget.0);
+    // Cold: 32 MiB past the hot set, 2 MiB aligned, inside the guest's RAM.
+    let start = (hot.0 + hot.1 + (32 << 20)).next_multiple_of(2 << 20);
+    let start = if start + PIN <= a.ram.0 {
+        start
+    } else {
+        a.ram.0 / 2
+    };
+    let set = |xml: &str| {
+        virsh(&[
+            "metadata", "wl1", "--live", "--uri", NAMESPACE, "--key", "vmtier", "--set", xml,
+        ])
+    };
+    let in_dram = || {
+        pages
+            .sample()
+            .map_or(0, |p| p.gpa_bytes_on(NodeId::new(0), start, PIN))
+    };
+    let before = in_dram();
+    let xml = format!(
+        "<tiering budget=\"{budget}\"><pin start=\"{start:#x}\" size=\"4M\" tier=\"dram\"/></tiering>"
+    );
+    let (ok, out) = set(&xml);
+    c.check(
+        ok,
+        "virsh metadata --live adds a DRAM pin of a cold range",
+        format!("{xml} {out}"),
+    );
+    let t0 = d.status("wl1").map_or(0, |s| s.metrics.ticks);
+    let mut reached = None;
+    for _ in 0..a.budget_ticks * 2 {
+        let t = Instant::now();
+        let b = in_dram();
+        let tk = d.status("wl1").map_or(0, |s| s.metrics.ticks);
+        println!(
+            "  [pin     ] tick {tk:>3}  pinned range in DRAM {:>10}",
+            ByteSize(b).to_string()
+        );
+        if b == PIN {
+            reached = Some(tk.saturating_sub(t0));
+            break;
+        }
+        std::thread::sleep(tick.saturating_sub(t.elapsed()));
+    }
+    c.check(
+        reached.is_some_and(|t| t <= a.budget_ticks),
+        "the pinned range's pages go to DRAM (move_pages at the HVAs of its GPAs)",
+        format!(
+            "{} of {:#x}+4 MiB in DRAM before, all of it {reached:?} ticks after virsh returned (limit {})",
+            ByteSize(before),
+            start,
+            a.budget_ticks
+        ),
+    );
+    // And stay there while the hot set (larger than the rest of the budget) wants DRAM.
+    let mut low = u64::MAX;
+    let mut max_dram = 0;
+    for _ in 0..5 {
+        std::thread::sleep(tick);
+        low = low.min(in_dram());
+        max_dram = max_dram.max(
+            pages
+                .sample()
+                .map_or(u64::MAX, |p| p.bytes_on(NodeId::new(0))),
+        );
+    }
+    c.check(
+        low == PIN,
+        "the pinned range stays in DRAM",
+        format!("at least {} of 4 MiB over 5 ticks", ByteSize(low)),
+    );
+    c.check(
+        max_dram <= a.lower_budget.0 + SLACK,
+        "the pin counts against the budget: DRAM use stays under it",
+        format!(
+            "max {} for a budget of {}",
+            ByteSize(max_dram),
+            a.lower_budget
+        ),
+    );
+    let kept = pins_in_force(d, "wl1");
+    c.check(
+        kept.as_ref()
+            .is_some_and(|p| p.len() == 1 && p[0].start.0 == start),
+        "vmtierctl tiering shows the pin in force",
+        format!("{kept:?}"),
+    );
+
+    // A DRAM pin larger than the budget: refused, the pin in force kept.
+    let big = format!(
+        "<tiering budget=\"{budget}\"><pin start=\"{start:#x}\" size=\"16M\" tier=\"dram\"/></tiering>"
+    );
+    let (ok, out) = set(&big);
+    c.check(
+        ok,
+        "virsh stores a pin larger than the budget (libvirt does not check)",
+        &out,
+    );
+    let mut state = String::new();
+    let refused = until(Duration::from_secs(10), &mut || {
+        state = d.status("wl1").map(|s| s.summary.state).unwrap_or_default();
+        state.contains("<pin>")
+    });
+    c.check(
+        refused.is_some() && state.contains("exceeds the budget"),
+        "the pin larger than the budget is refused, naming <pin>",
+        &state,
+    );
+    std::thread::sleep(tick * 2);
+    let still = pins_in_force(d, "wl1");
+    let b = in_dram();
+    c.check(
+        still == kept && b == PIN,
+        "the pin in force is kept (and its range stays in DRAM)",
+        format!("pins {still:?}, {} in DRAM", ByteSize(b)),
+    );
+    // Back to valid metadata without pins.
+    let (ok, out) = d.ctl(&[
+        "-c", URI, "dom-tier", "wl1", "--budget", &budget, "--unpin", "--live",
+    ]);
+    let back = until(Duration::from_secs(30), &mut || {
+        d.status("wl1").is_some_and(|s| s.summary.state == "active")
+    });
+    c.check(
+        ok && back.is_some() && pins_in_force(d, "wl1").is_some_and(|p| p.is_empty()),
+        "vmtierctl dom-tier --unpin clears the pins and the problem",
+        out.trim(),
+    );
 }
