@@ -23,7 +23,7 @@ use std::time::{Duration, Instant};
 
 use vmtier_core::{ByteSize, NodeId};
 use vmtier_daemon::proto::{Reply, Response};
-use vmtier_libvirt::backend::{LibvirtBackend, SYSTEM_PID_DIR};
+use vmtier_libvirt::backend::{LibvirtBackend, AGENT_ALIAS, SYSTEM_PID_DIR};
 use vmtier_libvirt::conn::Libvirt;
 use vmtier_libvirt::metadata::NAMESPACE;
 
@@ -72,7 +72,9 @@ fn virsh(args: &[&str]) -> (bool, String) {
 }
 
 /// A domain's XML: direct kernel boot of the workload guest, RAM strictly on node 1, the
-/// serial console on a unix socket (read and written by the check), isa-debug-exit.
+/// serial console on a unix socket (read and written by the check), the guest hint channel
+/// (COM2, aliased `ua-vmtier-agent`: the workload guest has no virtio-serial driver) on
+/// another, isa-debug-exit.
 fn domain_xml(name: &str, dir: &Path, ram: ByteSize, append: &str, budget: ByteSize) -> String {
     format!(
         "<domain type='qemu' xmlns:qemu='http://libvirt.org/schemas/domain/qemu/1.0'>
@@ -85,6 +87,7 @@ fn domain_xml(name: &str, dir: &Path, ram: ByteSize, append: &str, budget: ByteS
   <numatune><memory mode='strict' nodeset='1'/></numatune>
   <devices>
     <serial type='unix'><source mode='bind' path='{sock}'/><target port='0'/></serial>
+    <serial type='unix'><source mode='bind' path='{hints}'/><target port='1'/><alias name='{AGENT_ALIAS}'/></serial>
     <memballoon model='none'/>
   </devices>
   <metadata><vmtier:tiering xmlns:vmtier='{NAMESPACE}' budget='{budget}'/></metadata>
@@ -94,6 +97,7 @@ fn domain_xml(name: &str, dir: &Path, ram: ByteSize, append: &str, budget: ByteS
         kib = ram.0 >> 10,
         elf = dir.join("workload.elf").display(),
         sock = dir.join(format!("{name}.sock")).display(),
+        hints = dir.join(format!("{name}-hints.sock")).display(),
         budget = vmtier_libvirt::metadata::size_text(budget.0),
     )
 }
@@ -253,7 +257,7 @@ pub fn run(c: &mut Checks, a: &LibvirtArgs) {
     let _churn = TlbChurn::start();
 
     // 2. The first domain runs before vmtierd starts.
-    let append1 = format!("hot={}K report=2", a.hot.0 >> 10);
+    let append1 = format!("hot={}K report=2 hints=1", a.hot.0 >> 10);
     let xml1 = dir.join("wl1.xml");
     let _ = std::fs::write(&xml1, domain_xml("wl1", &dir, a.ram, &append1, a.budget));
     let t = Instant::now();
@@ -365,6 +369,36 @@ pub fn run(c: &mut Checks, a: &LibvirtArgs) {
             .is_some_and(|s| s.summary.budget_bytes == a.budget.0),
         "the budget comes from the domain's metadata",
         ByteSize(st.as_ref().map_or(0, |s| s.summary.budget_bytes)),
+    );
+
+    // The guest hint channel, found in the live domain XML.
+    let mut hs = None;
+    let connected = until(Duration::from_secs(30), &mut || {
+        hs = d.status("wl1").and_then(|s| s.hints);
+        hs.as_ref()
+            .is_some_and(|h| h.connected && h.version > 0 && h.counters.frames_ok > 0)
+    });
+    c.check(
+        connected.is_some()
+            && hs
+                .as_ref()
+                .is_some_and(|h| h.socket == dir.join("wl1-hints.sock")),
+        "vmtierd finds wl1's hint channel in its live XML and reads the guest's hints",
+        hs.as_ref().map_or_else(
+            || "no hint channel in status".to_owned(),
+            |h| {
+                format!(
+                    "socket {}, connected {}, agent {:?}, v{}, {} frames, {} ranges accepted, {} live",
+                    h.socket.display(),
+                    h.connected,
+                    h.agent,
+                    h.version,
+                    h.counters.frames_ok,
+                    h.counters.ranges_accepted,
+                    h.live_ranges
+                )
+            },
+        ),
     );
 
     // 4. Promotion under the budget.

@@ -27,6 +27,8 @@ use vmtier_sources::SelectOptions;
 
 use crate::config::{Config, LibvirtConfig};
 use crate::engine::{Engine, Error as EngineError, SourceFactory, VmParts};
+use crate::hints::HintParts;
+use vmtier_api::hints::HintsConfig;
 use vmtier_api::proto::TieringChange;
 
 /// The reason of a refused pin, without the engine's "Cannot pin ranges of VM:" prefix.
@@ -379,13 +381,17 @@ impl Follower {
                 );
             }
         }
+        // The guest hint channel: the domain's org.vmtier.agent.0 channel (or a unix device
+        // aliased ua-vmtier-agent), with [vm.hints]' defaults.
+        let hints = backend.agent_socket().and_then(|sock| {
+            info!("{id}: guest hint channel {}", sock.display());
+            HintParts::from_config(id.as_str(), &HintsConfig::new(sock.to_path_buf()))
+        });
         let parts = VmParts {
             backend: Box::new(backend),
             source: source_factory(cfg),
             policy,
-            // No hint channel for libvirt domains yet: their agent channel
-            // (org.vmtier.agent.0) is not looked up from the domain XML.
-            hints: None,
+            hints,
         };
         engine
             .attach(id.clone(), t.budget, parts)
