@@ -11,8 +11,12 @@
 //! 4. `virsh metadata --live` pins a cold guest-physical range to DRAM: its pages (found at
 //!    the HVAs that range maps to) go to DRAM and stay; a DRAM pin larger than the budget is
 //!    refused, naming `<pin>`, and the pin in force is kept;
-//! 5. a domain started later is attached automatically, one destroyed is detached;
-//! 6. the guest verifies all of its memory: 0 corrupted words.
+//! 5. a domain started later is attached automatically; a DIMM hotplugged into it live is
+//!    tracked; after `virsh save` it is detached, after `virsh restore` attached afresh;
+//!    destroyed, it is detached;
+//! 6. wl1's hint channel (COM2, aliased `ua-vmtier-agent`) is found in its live XML and the
+//!    guest's hints arrive;
+//! 7. the guest verifies all of its memory: 0 corrupted words.
 
 use std::io::{BufRead, BufReader, Write as _};
 use std::os::unix::net::UnixStream;
@@ -76,9 +80,43 @@ fn virsh(args: &[&str]) -> (bool, String) {
 /// (COM2, aliased `ua-vmtier-agent`: the workload guest has no virtio-serial driver) on
 /// another, isa-debug-exit.
 fn domain_xml(name: &str, dir: &Path, ram: ByteSize, append: &str, budget: ByteSize) -> String {
+    domain_xml_with(name, dir, ram, append, budget, "")
+}
+
+/// [`domain_xml`] with room for `slots` DIMMs of up to [`DIMM`] each (memory hotplug needs
+/// `<maxMemory>` and a guest NUMA cell).
+fn hotplug_domain_xml(
+    name: &str,
+    dir: &Path,
+    ram: ByteSize,
+    append: &str,
+    budget: ByteSize,
+    slots: u64,
+) -> String {
+    let extra = format!(
+        "<maxMemory slots='{slots}' unit='KiB'>{max}</maxMemory>
+  <cpu><numa><cell id='0' cpus='0' memory='{kib}' unit='KiB'/></numa></cpu>",
+        max = (ram.0 + slots * DIMM) >> 10,
+        kib = ram.0 >> 10
+    );
+    domain_xml_with(name, dir, ram, append, budget, &extra)
+}
+
+/// Size of a hotplugged DIMM.
+const DIMM: u64 = 32 << 20;
+
+fn domain_xml_with(
+    name: &str,
+    dir: &Path,
+    ram: ByteSize,
+    append: &str,
+    budget: ByteSize,
+    extra: &str,
+) -> String {
     format!(
         "<domain type='qemu' xmlns:qemu='http://libvirt.org/schemas/domain/qemu/1.0'>
   <name>{name}</name>
+  {extra}
   <memory unit='KiB'>{kib}</memory>
   <vcpu>1</vcpu>
   <os><type arch='x86_64' machine='pc'>hvm</type>
@@ -577,12 +615,13 @@ pub fn run(c: &mut Checks, a: &LibvirtArgs) {
     let xml2 = dir.join("wl2.xml");
     let _ = std::fs::write(
         &xml2,
-        domain_xml(
+        hotplug_domain_xml(
             "wl2",
             &dir,
             ByteSize(32 << 20),
             "hot=4M report=5",
             ByteSize(8 << 20),
+            2,
         ),
     );
     let (ok, out) = virsh(&["create", &xml2.to_string_lossy()]);
@@ -618,6 +657,7 @@ pub fn run(c: &mut Checks, a: &LibvirtArgs) {
                 .replace('\n', " | ")
         ),
     );
+    lifecycle(c, &d, &dir);
     let (ok, out) = virsh(&["destroy", "wl2"]);
     c.check(ok, "virsh destroy wl2", &out);
     let detached = until(Duration::from_secs(30), &mut || {
@@ -828,4 +868,104 @@ fn pins(
         "vmtierctl dom-tier --unpin clears the pins and the problem",
         out.trim(),
     );
+}
+
+/// wl2's lifecycle while vmtierd follows it: a DIMM hotplugged live is tracked; unplug is
+/// tried; `virsh save` (libvirt's migration stream, to a file) detaches it and `virsh
+/// restore` (an incoming migration from that file) attaches the new QEMU.
+fn lifecycle(c: &mut Checks, d: &Daemon, dir: &Path) {
+    let total = |d: &Daemon| d.status("wl2").map_or(0, |s| s.summary.total_bytes);
+    let before = total(d);
+    let dimm = dir.join("dimm.xml");
+    let _ = std::fs::write(
+        &dimm,
+        format!(
+            "<memory model='dimm'><target><size unit='KiB'>{}</size><node>0</node></target></memory>",
+            DIMM >> 10
+        ),
+    );
+    let (ok, out) = virsh(&["attach-device", "wl2", &dimm.to_string_lossy(), "--live"]);
+    c.check(
+        ok,
+        "virsh attach-device hotplugs a 32 MiB DIMM into wl2",
+        out.trim(),
+    );
+    let grown = until(Duration::from_secs(30), &mut || total(d) == before + DIMM);
+    let st = d.status("wl2");
+    c.check(
+        grown.is_some() && st.as_ref().is_some_and(|s| s.summary.state == "active"),
+        "vmtierd tracks the hotplugged range (device-added event, layout re-read)",
+        format!(
+            "guest RAM {} -> {} after {:.1} s; state {:?}",
+            ByteSize(before),
+            ByteSize(total(d)),
+            grown.map_or(-1.0, |t| t.as_secs_f64()),
+            st.map(|s| s.summary.state).unwrap_or_default()
+        ),
+    );
+    // Unplug needs the guest to eject the DIMM (ACPI); the workload guest has no ACPI
+    // driver, so QEMU keeps it. Whatever happens, vmtierd must follow it.
+    let (ok, out) = virsh(&["detach-device", "wl2", &dimm.to_string_lossy(), "--live"]);
+    std::thread::sleep(Duration::from_secs(3));
+    let (_, xml) = virsh(&["dumpxml", "wl2"]);
+    let still = xml.contains("model='dimm'");
+    let after = total(d);
+    c.check(
+        after == if still { before + DIMM } else { before },
+        "after virsh detach-device vmtierd tracks what QEMU has",
+        format!(
+            "detach-device {} ({}); the DIMM is {} the live XML; vmtierd tracks {}",
+            if ok { "returned" } else { "failed" },
+            out.trim(),
+            if still { "still in" } else { "gone from" },
+            ByteSize(after)
+        ),
+    );
+    let pid_of = |d: &Daemon| {
+        d.status("wl2")
+            .and_then(|s| s.backend.split("qemu pid ").nth(1).map(str::to_owned))
+            .and_then(|t| t.split([',', ')']).next().map(str::to_owned))
+            .unwrap_or_default()
+    };
+    let pid0 = pid_of(d);
+    let file = dir.join("wl2.save");
+    let t = Instant::now();
+    let (ok, out) = virsh(&["save", "wl2", &file.to_string_lossy()]);
+    let save_s = t.elapsed().as_secs_f64();
+    c.check(
+        ok,
+        "virsh save wl2 (the migration stream, to a file)",
+        out.trim(),
+    );
+    let gone = until(Duration::from_secs(30), &mut || {
+        !listed(d).contains(&"wl2".to_owned())
+    });
+    c.check(
+        gone.is_some() && d.log_text().contains("wl2: libvirt domain detached"),
+        "wl2, stopped by save, is detached cleanly",
+        format!(
+            "{:.1} s after save returned (save took {save_s:.1} s)",
+            gone.map_or(-1.0, |t| t.as_secs_f64())
+        ),
+    );
+    let (ok, out) = virsh(&["restore", &file.to_string_lossy()]);
+    c.check(
+        ok,
+        "virsh restore wl2 (an incoming migration from the file)",
+        out.trim(),
+    );
+    let back = until(Duration::from_secs(60), &mut || {
+        d.status("wl2").is_some_and(|s| s.summary.state == "active")
+    });
+    let pid1 = pid_of(d);
+    c.check(
+        back.is_some() && !pid1.is_empty() && pid1 != pid0,
+        "the restored wl2 is attached afresh (a new QEMU)",
+        format!(
+            "{:.1} s after restore returned; qemu pid {pid0} -> {pid1}; guest RAM {}",
+            back.map_or(-1.0, |t| t.as_secs_f64()),
+            ByteSize(total(d))
+        ),
+    );
+    let _ = std::fs::remove_file(&file);
 }
