@@ -28,7 +28,6 @@ use vmtier_sources::SelectOptions;
 use crate::config::{Config, LibvirtConfig};
 use crate::engine::{Engine, Error as EngineError, SourceFactory, VmParts};
 use crate::hints::HintParts;
-use vmtier_api::hints::HintsConfig;
 use vmtier_api::proto::TieringChange;
 
 /// The reason of a refused pin, without the engine's "Cannot pin ranges of VM:" prefix.
@@ -382,10 +381,22 @@ impl Follower {
             }
         }
         // The guest hint channel: the domain's org.vmtier.agent.0 channel (or a unix device
-        // aliased ua-vmtier-agent), with [vm.hints]' defaults.
+        // aliased ua-vmtier-agent), with the metadata's <hints> over [vm.hints]' defaults.
         let hints = backend.agent_socket().and_then(|sock| {
+            let Some(hc) = t
+                .hints
+                .clone()
+                .unwrap_or_default()
+                .config(sock.to_path_buf())
+            else {
+                info!(
+                    "{id}: guest hint channel {} not used (<hints enabled=\"no\"/>)",
+                    sock.display()
+                );
+                return None;
+            };
             info!("{id}: guest hint channel {}", sock.display());
-            HintParts::from_config(id.as_str(), &HintsConfig::new(sock.to_path_buf()))
+            HintParts::from_config(id.as_str(), &hc)
         });
         let parts = VmParts {
             backend: Box::new(backend),
@@ -444,7 +455,9 @@ impl Follower {
         }
         let old = m.tiering.clone();
         let uuid = m.uuid.clone();
-        let policy_changed = old.policy != t.policy || old.params != t.params;
+        // The hint channel's settings are fixed at attach too.
+        let policy_changed =
+            old.policy != t.policy || old.params != t.params || old.hints != t.hints;
         if policy_changed {
             // Policies keep state; a new one starts on a fresh attach of the same domain.
             if let Err(why) = build_policy(cfg, &t) {
@@ -466,7 +479,7 @@ impl Follower {
             };
             let _ = engine.detach(id);
             self.managed.remove(id);
-            info!("{id}: policy changed in its metadata, re-attaching");
+            info!("{id}: policy or hint settings changed in its metadata, re-attaching");
             if let Err(why) = self.attach(engine, cfg, id, &d, &t, conn) {
                 self.log_problem(id.as_str(), format!("not managed: {why}"));
                 self.retry = true;
