@@ -940,6 +940,7 @@ pub fn run_lifecycle(c: &mut Checks, a: &LibvirtArgs) {
         println!("{}", d.log_text());
         return;
     }
+    hint_settings(c, &d);
     lifecycle(c, &d, &dir);
     let (ok, out) = virsh(&["destroy", "wl2"]);
     c.check(ok, "virsh destroy wl2", out.trim());
@@ -965,6 +966,49 @@ pub fn run_lifecycle(c: &mut Checks, a: &LibvirtArgs) {
         code == Some(0),
         "vmtierd exits cleanly",
         format!("{code:?}"),
+    );
+}
+
+/// `<hints enabled="no"/>` in wl2's metadata re-attaches it without its hint channel; other
+/// `<hints>` settings bring the channel back.
+fn hint_settings(c: &mut Checks, d: &Daemon) {
+    let set = |xml: &str| {
+        virsh(&[
+            "metadata", "wl2", "--live", "--uri", NAMESPACE, "--key", "vmtier", "--set", xml,
+        ])
+    };
+    let channel = |d: &Daemon| {
+        d.status("wl2")
+            .filter(|s| s.summary.state == "active")
+            .map(|s| s.hints.is_some_and(|h| h.connected))
+    };
+    let had = until(Duration::from_secs(15), &mut || channel(d) == Some(true))
+        .map(|_| true)
+        .or(Some(false));
+    let (ok, out) = set("<tiering budget=\"8M\"><hints enabled=\"no\"/></tiering>");
+    let off = until(Duration::from_secs(30), &mut || {
+        d.status("wl2")
+            .is_some_and(|s| s.summary.state == "active" && s.hints.is_none())
+    });
+    c.check(
+        ok && had == Some(true) && off.is_some(),
+        "<hints enabled=\"no\"/> re-attaches wl2 without its hint channel",
+        format!(
+            "{}; connected before: {had:?}; without it after {:?}",
+            out.trim(),
+            off
+        ),
+    );
+    let (ok, out) = set(
+        "<tiering budget=\"8M\"><hints max_budget_percent=\"25\" distrust_ticks=\"10\"/></tiering>",
+    );
+    let on = until(Duration::from_secs(30), &mut || channel(d) == Some(true));
+    c.check(
+        ok && on.is_some()
+            && d.log_text()
+                .contains("wl2: policy or hint settings changed"),
+        "other <hints> settings bring the channel back (re-attached, connected)",
+        format!("{}; connected after {on:?}", out.trim()),
     );
 }
 
