@@ -8,8 +8,14 @@
 //!    its hot set reaches DRAM, DRAM use stays under the metadata's budget;
 //! 2. `virsh metadata --live` lowers the budget; DRAM follows within a few ticks;
 //! 3. bad metadata is refused: status names the attribute, the old budget stays in force;
-//! 4. a domain started later is attached automatically, one destroyed is detached;
-//! 5. the guest verifies all of its memory: 0 corrupted words.
+//! 4. `virsh metadata --live` pins a cold guest-physical range to DRAM: its pages (found at
+//!    the HVAs that range maps to) go to DRAM and stay; a DRAM pin larger than the budget is
+//!    refused, naming `<pin>`, and the pin in force is kept;
+//! 5. a domain started later is attached automatically, one destroyed is detached (the
+//!    rest of a domain's lifecycle — hotplug, save, restore — is [`run_lifecycle`]'s);
+//! 6. wl1's hint channel (COM2, aliased `ua-vmtier-agent`) is found in its live XML and the
+//!    guest's hints arrive;
+//! 7. the guest verifies all of its memory: 0 corrupted words.
 
 use std::io::{BufRead, BufReader, Write as _};
 use std::os::unix::net::UnixStream;
@@ -20,7 +26,7 @@ use std::time::{Duration, Instant};
 
 use vmtier_core::{ByteSize, NodeId};
 use vmtier_daemon::proto::{Reply, Response};
-use vmtier_libvirt::backend::{LibvirtBackend, SYSTEM_PID_DIR};
+use vmtier_libvirt::backend::{LibvirtBackend, AGENT_ALIAS, SYSTEM_PID_DIR};
 use vmtier_libvirt::conn::Libvirt;
 use vmtier_libvirt::metadata::NAMESPACE;
 
@@ -69,11 +75,47 @@ fn virsh(args: &[&str]) -> (bool, String) {
 }
 
 /// A domain's XML: direct kernel boot of the workload guest, RAM strictly on node 1, the
-/// serial console on a unix socket (read and written by the check), isa-debug-exit.
+/// serial console on a unix socket (read and written by the check), the guest hint channel
+/// (COM2, aliased `ua-vmtier-agent`: the workload guest has no virtio-serial driver) on
+/// another, isa-debug-exit.
 fn domain_xml(name: &str, dir: &Path, ram: ByteSize, append: &str, budget: ByteSize) -> String {
+    domain_xml_with(name, dir, ram, append, budget, "")
+}
+
+/// [`domain_xml`] with room for `slots` DIMMs of up to [`DIMM`] each (memory hotplug needs
+/// `<maxMemory>` and a guest NUMA cell).
+fn hotplug_domain_xml(
+    name: &str,
+    dir: &Path,
+    ram: ByteSize,
+    append: &str,
+    budget: ByteSize,
+    slots: u64,
+) -> String {
+    let extra = format!(
+        "<maxMemory slots='{slots}' unit='KiB'>{max}</maxMemory>
+  <cpu><numa><cell id='0' cpus='0' memory='{kib}' unit='KiB'/></numa></cpu>",
+        max = (ram.0 + slots * DIMM) >> 10,
+        kib = ram.0 >> 10
+    );
+    domain_xml_with(name, dir, ram, append, budget, &extra)
+}
+
+/// Size of a hotplugged DIMM.
+const DIMM: u64 = 32 << 20;
+
+fn domain_xml_with(
+    name: &str,
+    dir: &Path,
+    ram: ByteSize,
+    append: &str,
+    budget: ByteSize,
+    extra: &str,
+) -> String {
     format!(
         "<domain type='qemu' xmlns:qemu='http://libvirt.org/schemas/domain/qemu/1.0'>
   <name>{name}</name>
+  {extra}
   <memory unit='KiB'>{kib}</memory>
   <vcpu>1</vcpu>
   <os><type arch='x86_64' machine='pc'>hvm</type>
@@ -82,6 +124,7 @@ fn domain_xml(name: &str, dir: &Path, ram: ByteSize, append: &str, budget: ByteS
   <numatune><memory mode='strict' nodeset='1'/></numatune>
   <devices>
     <serial type='unix'><source mode='bind' path='{sock}'/><target port='0'/></serial>
+    <serial type='unix'><source mode='bind' path='{hints}'/><target port='1'/><alias name='{AGENT_ALIAS}'/></serial>
     <memballoon model='none'/>
   </devices>
   <metadata><vmtier:tiering xmlns:vmtier='{NAMESPACE}' budget='{budget}'/></metadata>
@@ -91,6 +134,7 @@ fn domain_xml(name: &str, dir: &Path, ram: ByteSize, append: &str, budget: ByteS
         kib = ram.0 >> 10,
         elf = dir.join("workload.elf").display(),
         sock = dir.join(format!("{name}.sock")).display(),
+        hints = dir.join(format!("{name}-hints.sock")).display(),
         budget = vmtier_libvirt::metadata::size_text(budget.0),
     )
 }
@@ -207,14 +251,14 @@ fn pct(a: u64, b: u64) -> f64 {
     100.0 * a as f64 / b.max(1) as f64
 }
 
-pub fn run(c: &mut Checks, a: &LibvirtArgs) {
-    // 1. libvirt, started the way an operator without systemd would.
+/// Starts libvirt inside the testbed, the way an operator without systemd would, with the
+/// hook installed for vmtierd's `socket`; then copies the guest image where QEMU can read it.
+/// The directory of the guest image, or `None` (a fatal check failed).
+fn start_libvirt(c: &mut Checks, a: &LibvirtArgs, socket: &Path) -> Option<PathBuf> {
     let up = a.libvirt_up.clone().unwrap_or_else(|| {
         PathBuf::from(std::env::var("VMTIER_REPO").unwrap_or_else(|_| ".".into()))
             .join("tests/testbed/libvirt-up")
     });
-    // vmtierd's socket, known now so that the libvirt hook can be installed with it.
-    let socket = std::env::temp_dir().join(format!("vmtierd-lv-{}.sock", std::process::id()));
     let ctl = std::env::current_exe()
         .ok()
         .and_then(|p| p.parent().map(|d| d.join("vmtierctl")))
@@ -223,14 +267,14 @@ pub fn run(c: &mut Checks, a: &LibvirtArgs) {
     let (ok, text) = crate::check::output(
         Command::new(&up)
             .env("VMTIER_HOOK_VMTIERCTL", &ctl)
-            .env("VMTIER_HOOK_SOCKET", &socket),
+            .env("VMTIER_HOOK_SOCKET", socket),
     );
     if !c.check(
         ok,
         "libvirtd runs in the tiered host without systemd",
         format!("{} ({:.1} s)", text.trim(), t.elapsed().as_secs_f64()),
     ) {
-        return;
+        return None;
     }
     // The guest image where QEMU (user libvirt-qemu) can read it and libvirt can label it.
     let dir = PathBuf::from("/tmp/vmtier-libvirt");
@@ -245,12 +289,48 @@ pub fn run(c: &mut Checks, a: &LibvirtArgs) {
             )
         });
     if let Err(e) = setup {
-        return c.fatal("copy the guest image", e);
+        c.fatal("copy the guest image", e);
+        return None;
     }
+    Some(dir)
+}
+
+/// vmtierd's socket for these checks, known before libvirt starts so that the hook can be
+/// installed with it.
+fn daemon_socket() -> PathBuf {
+    std::env::temp_dir().join(format!("vmtierd-lv-{}.sock", std::process::id()))
+}
+
+/// vmtierd with `[libvirt]` only (no `[[vm]]`).
+fn start_daemon(c: &mut Checks, a: &LibvirtArgs, socket: &Path) -> Option<Daemon> {
+    let run_dir = std::env::var("VMTIER_RUN")
+        .map_or_else(|_| std::env::temp_dir(), PathBuf::from)
+        .join("libvirt");
+    let _ = std::fs::create_dir_all(&run_dir);
+    let config = format!(
+        "[daemon]\nsocket = \"{}\"\ninterval_ms = {}\nrate_limit_mbps = 2000\n\n[libvirt]\nuri = \"{URI}\"\nrescan_ticks = 5\n",
+        socket.display(),
+        a.interval_ms
+    );
+    match Daemon::start(&run_dir, socket, &config) {
+        Ok(d) => Some(d),
+        Err(e) => {
+            c.fatal("start vmtierd", e);
+            None
+        }
+    }
+}
+
+pub fn run(c: &mut Checks, a: &LibvirtArgs) {
+    // 1. libvirt, started the way an operator without systemd would.
+    let socket = daemon_socket();
+    let Some(dir) = start_libvirt(c, a, &socket) else {
+        return;
+    };
     let _churn = TlbChurn::start();
 
     // 2. The first domain runs before vmtierd starts.
-    let append1 = format!("hot={}K report=2", a.hot.0 >> 10);
+    let append1 = format!("hot={}K report=2 hints=1", a.hot.0 >> 10);
     let xml1 = dir.join("wl1.xml");
     let _ = std::fs::write(&xml1, domain_xml("wl1", &dir, a.ram, &append1, a.budget));
     let t = Instant::now();
@@ -327,18 +407,8 @@ pub fn run(c: &mut Checks, a: &LibvirtArgs) {
     );
 
     // 3. vmtierd with [libvirt] only: no [[vm]].
-    let run_dir = std::env::var("VMTIER_RUN")
-        .map_or_else(|_| std::env::temp_dir(), PathBuf::from)
-        .join("libvirt");
-    let _ = std::fs::create_dir_all(&run_dir);
-    let config = format!(
-        "[daemon]\nsocket = \"{}\"\ninterval_ms = {}\nrate_limit_mbps = 2000\n\n[libvirt]\nuri = \"{URI}\"\nrescan_ticks = 5\n",
-        socket.display(),
-        a.interval_ms
-    );
-    let d = match Daemon::start(&run_dir, &socket, &config) {
-        Ok(d) => d,
-        Err(e) => return c.fatal("start vmtierd", e),
+    let Some(d) = start_daemon(c, a, &socket) else {
+        return;
     };
     let state = d.wait_state("wl1", "active", Duration::from_secs(60));
     let st = d.status("wl1");
@@ -394,6 +464,37 @@ pub fn run(c: &mut Checks, a: &LibvirtArgs) {
         max_dram <= a.budget.0 + SLACK,
         "wl1's DRAM use stays under its metadata budget",
         format!("max {} for a budget of {}", ByteSize(max_dram), a.budget),
+    );
+
+    // The guest hint channel, found in the live domain XML (checked after the promotion so
+    // that its wait does not count in the ticks to 90%).
+    let mut hs = None;
+    let connected = until(Duration::from_secs(30), &mut || {
+        hs = d.status("wl1").and_then(|s| s.hints);
+        hs.as_ref()
+            .is_some_and(|h| h.connected && h.version > 0 && h.counters.frames_ok > 0)
+    });
+    c.check(
+        connected.is_some()
+            && hs
+                .as_ref()
+                .is_some_and(|h| h.socket == dir.join("wl1-hints.sock")),
+        "vmtierd finds wl1's hint channel in its live XML and reads the guest's hints",
+        hs.as_ref().map_or_else(
+            || "no hint channel in status".to_owned(),
+            |h| {
+                format!(
+                    "socket {}, connected {}, agent {:?}, v{}, {} frames, {} ranges accepted, {} live",
+                    h.socket.display(),
+                    h.connected,
+                    h.agent,
+                    h.version,
+                    h.counters.frames_ok,
+                    h.counters.ranges_accepted,
+                    h.live_ranges
+                )
+            },
+        ),
     );
 
     // 5. virsh metadata --live lowers the budget.
@@ -533,7 +634,10 @@ pub fn run(c: &mut Checks, a: &LibvirtArgs) {
         out.trim().replace('\n', " | "),
     );
 
-    // 7. A domain started later is attached; destroyed, it is detached.
+    // 7. Pinned ranges: a cold range pinned to DRAM through the metadata.
+    pins(c, &d, &pages, hot, a, tick);
+
+    // 8. A domain started later is attached; destroyed, it is detached.
     let xml2 = dir.join("wl2.xml");
     let _ = std::fs::write(
         &xml2,
@@ -593,7 +697,7 @@ pub fn run(c: &mut Checks, a: &LibvirtArgs) {
         ),
     );
 
-    // 8. The guest checks all of its memory.
+    // 9. The guest checks all of its memory.
     con1.request_stop();
     let done = con1.wait_for("WG done", Duration::from_secs(300));
     con1.poll();
@@ -634,4 +738,413 @@ pub fn run(c: &mut Checks, a: &LibvirtArgs) {
         format!("{code:?}"),
     );
     let _ = virsh(&["destroy", "wl1"]);
+}
+
+/// `vmtierctl --json tiering VM`: its pins, if vmtierd answers.
+fn pins_in_force(d: &Daemon, vm: &str) -> Option<Vec<vmtier_api::pin::Pin>> {
+    let (_, out) = d.ctl(&["--json", "tiering", vm]);
+    match out
+        .lines()
+        .next()
+        .and_then(|l| serde_json::from_str::<Response>(l).ok())
+    {
+        Some(Response::Ok(Reply::Tiering(t))) => Some(t.pins),
+        _ => None,
+    }
+}
+
+/// A cold range of wl1 pinned to DRAM with `virsh metadata --live`; then a pin larger than
+/// the budget, refused.
+fn pins(
+    c: &mut Checks,
+    d: &Daemon,
+    pages: &GuestPages,
+    hot: (u64, u64),
+    a: &LibvirtArgs,
+    tick: Duration,
+) {
+    const PIN: u64 = 4 << 20;
+    let budget = vmtier_libvirt::metadata::size_text(a.lower_budget.0);
+    // Cold: 32 MiB past the hot set, 2 MiB aligned, inside the guest's RAM.
+    let start = (hot.0 + hot.1 + (32 << 20)).next_multiple_of(2 << 20);
+    let start = if start + PIN <= a.ram.0 {
+        start
+    } else {
+        a.ram.0 / 2
+    };
+    let set = |xml: &str| {
+        virsh(&[
+            "metadata", "wl1", "--live", "--uri", NAMESPACE, "--key", "vmtier", "--set", xml,
+        ])
+    };
+    let in_dram = || {
+        pages
+            .sample()
+            .map_or(0, |p| p.gpa_bytes_on(NodeId::new(0), start, PIN))
+    };
+    let before = in_dram();
+    let xml = format!(
+        "<tiering budget=\"{budget}\"><pin start=\"{start:#x}\" size=\"4M\" tier=\"dram\"/></tiering>"
+    );
+    let (ok, out) = set(&xml);
+    c.check(
+        ok,
+        "virsh metadata --live adds a DRAM pin of a cold range",
+        format!("{xml} {out}"),
+    );
+    let t0 = d.status("wl1").map_or(0, |s| s.metrics.ticks);
+    let mut reached = None;
+    for _ in 0..a.budget_ticks * 2 {
+        let t = Instant::now();
+        let b = in_dram();
+        let tk = d.status("wl1").map_or(0, |s| s.metrics.ticks);
+        println!(
+            "  [pin     ] tick {tk:>3}  pinned range in DRAM {:>10}",
+            ByteSize(b).to_string()
+        );
+        if b == PIN {
+            reached = Some(tk.saturating_sub(t0));
+            break;
+        }
+        std::thread::sleep(tick.saturating_sub(t.elapsed()));
+    }
+    c.check(
+        reached.is_some_and(|t| t <= a.budget_ticks),
+        "the pinned range's pages go to DRAM (move_pages at the HVAs of its GPAs)",
+        format!(
+            "{} of {:#x}+4 MiB in DRAM before, all of it {reached:?} ticks after virsh returned (limit {})",
+            ByteSize(before),
+            start,
+            a.budget_ticks
+        ),
+    );
+    // And stay there while the hot set (larger than the rest of the budget) wants DRAM.
+    let mut low = u64::MAX;
+    let mut max_dram = 0;
+    for _ in 0..5 {
+        std::thread::sleep(tick);
+        low = low.min(in_dram());
+        max_dram = max_dram.max(
+            pages
+                .sample()
+                .map_or(u64::MAX, |p| p.bytes_on(NodeId::new(0))),
+        );
+    }
+    c.check(
+        low == PIN,
+        "the pinned range stays in DRAM",
+        format!("at least {} of 4 MiB over 5 ticks", ByteSize(low)),
+    );
+    c.check(
+        max_dram <= a.lower_budget.0 + SLACK,
+        "the pin counts against the budget: DRAM use stays under it",
+        format!(
+            "max {} for a budget of {}",
+            ByteSize(max_dram),
+            a.lower_budget
+        ),
+    );
+    let kept = pins_in_force(d, "wl1");
+    c.check(
+        kept.as_ref()
+            .is_some_and(|p| p.len() == 1 && p[0].start.0 == start),
+        "vmtierctl tiering shows the pin in force",
+        format!("{kept:?}"),
+    );
+
+    // A DRAM pin larger than the budget: refused, the pin in force kept.
+    let big = format!(
+        "<tiering budget=\"{budget}\"><pin start=\"{start:#x}\" size=\"16M\" tier=\"dram\"/></tiering>"
+    );
+    let (ok, out) = set(&big);
+    c.check(
+        ok,
+        "virsh stores a pin larger than the budget (libvirt does not check)",
+        &out,
+    );
+    let mut state = String::new();
+    let refused = until(Duration::from_secs(10), &mut || {
+        state = d.status("wl1").map(|s| s.summary.state).unwrap_or_default();
+        state.contains("<pin>")
+    });
+    c.check(
+        refused.is_some() && state.contains("exceeds the budget"),
+        "the pin larger than the budget is refused, naming <pin>",
+        &state,
+    );
+    std::thread::sleep(tick * 2);
+    let still = pins_in_force(d, "wl1");
+    let b = in_dram();
+    c.check(
+        still == kept && b == PIN,
+        "the pin in force is kept (and its range stays in DRAM)",
+        format!("pins {still:?}, {} in DRAM", ByteSize(b)),
+    );
+    // Back to valid metadata without pins.
+    let (ok, out) = d.ctl(&[
+        "-c", URI, "dom-tier", "wl1", "--budget", &budget, "--unpin", "--live",
+    ]);
+    let back = until(Duration::from_secs(30), &mut || {
+        d.status("wl1").is_some_and(|s| s.summary.state == "active")
+    });
+    c.check(
+        ok && back.is_some() && pins_in_force(d, "wl1").is_some_and(|p| p.is_empty()),
+        "vmtierctl dom-tier --unpin clears the pins and the problem",
+        out.trim(),
+    );
+}
+
+/// `tbcheck libvirt-lifecycle`: a domain's lifecycle while vmtierd follows it (libvirt
+/// started as for `libvirt`; the domain wl2, 32 MiB with room for two DIMMs): a DIMM
+/// hotplugged live is tracked; unplug is tried; `virsh save` (libvirt's migration stream, to
+/// a file) detaches it and `virsh restore` (an incoming migration from that file) attaches
+/// the new QEMU; destroyed, it is detached. Judged against QEMU's own view of its RAM, read
+/// by the check through libvirt's monitor API.
+pub fn run_lifecycle(c: &mut Checks, a: &LibvirtArgs) {
+    let socket = daemon_socket();
+    let Some(dir) = start_libvirt(c, a, &socket) else {
+        return;
+    };
+    let Some(d) = start_daemon(c, a, &socket) else {
+        return;
+    };
+    let xml2 = dir.join("wl2.xml");
+    let _ = std::fs::write(
+        &xml2,
+        hotplug_domain_xml(
+            "wl2",
+            &dir,
+            ByteSize(32 << 20),
+            "hot=4M report=5",
+            ByteSize(8 << 20),
+            2,
+        ),
+    );
+    let t = Instant::now();
+    let (ok, out) = virsh(&["create", &xml2.to_string_lossy()]);
+    if !c.check(
+        ok,
+        "domain wl2 starts (maxMemory with 2 slots, one guest NUMA cell)",
+        format!("{} ({:.1} s)", out.trim(), t.elapsed().as_secs_f64()),
+    ) {
+        return;
+    }
+    let attached = until(Duration::from_secs(90), &mut || {
+        d.status("wl2").is_some_and(|s| s.summary.state == "active")
+    });
+    if !c.check(
+        attached.is_some(),
+        "wl2 is attached",
+        format!("{attached:?} after virsh create returned"),
+    ) {
+        println!("{}", d.log_text());
+        return;
+    }
+    hint_settings(c, &d);
+    lifecycle(c, &d, &dir);
+    let (ok, out) = virsh(&["destroy", "wl2"]);
+    c.check(ok, "virsh destroy wl2", out.trim());
+    let gone = until(Duration::from_secs(30), &mut || listed(&d).is_empty());
+    c.check(
+        gone.is_some(),
+        "wl2 is detached after destroy",
+        format!("{gone:?}"),
+    );
+    let log = d.log_text();
+    c.check(
+        !log.contains("panicked"),
+        "vmtierd's log tells the story",
+        log.lines()
+            .filter(|l| l.contains("wl2"))
+            .map(|l| l.split_once("] ").map_or(l, |x| x.1))
+            .collect::<Vec<_>>()
+            .join("\n    "),
+    );
+    let mut d = d;
+    let code = d.stop();
+    c.check(
+        code == Some(0),
+        "vmtierd exits cleanly",
+        format!("{code:?}"),
+    );
+}
+
+/// `<hints enabled="no"/>` in wl2's metadata re-attaches it without its hint channel; other
+/// `<hints>` settings bring the channel back.
+fn hint_settings(c: &mut Checks, d: &Daemon) {
+    let set = |xml: &str| {
+        virsh(&[
+            "metadata", "wl2", "--live", "--uri", NAMESPACE, "--key", "vmtier", "--set", xml,
+        ])
+    };
+    let channel = |d: &Daemon| {
+        d.status("wl2")
+            .filter(|s| s.summary.state == "active")
+            .map(|s| s.hints.is_some_and(|h| h.connected))
+    };
+    let had = until(Duration::from_secs(15), &mut || channel(d) == Some(true))
+        .map(|_| true)
+        .or(Some(false));
+    let (ok, out) = set("<tiering budget=\"8M\"><hints enabled=\"no\"/></tiering>");
+    let off = until(Duration::from_secs(30), &mut || {
+        d.status("wl2")
+            .is_some_and(|s| s.summary.state == "active" && s.hints.is_none())
+    });
+    c.check(
+        ok && had == Some(true) && off.is_some(),
+        "<hints enabled=\"no\"/> re-attaches wl2 without its hint channel",
+        format!(
+            "{}; connected before: {had:?}; without it after {:?}",
+            out.trim(),
+            off
+        ),
+    );
+    let (ok, out) = set(
+        "<tiering budget=\"8M\"><hints max_budget_percent=\"25\" distrust_ticks=\"10\"/></tiering>",
+    );
+    let on = until(Duration::from_secs(30), &mut || channel(d) == Some(true));
+    c.check(
+        ok && on.is_some()
+            && d.log_text()
+                .contains("wl2: policy or hint settings changed"),
+        "other <hints> settings bring the channel back (re-attached, connected)",
+        format!("{}; connected after {on:?}", out.trim()),
+    );
+}
+
+fn lifecycle(c: &mut Checks, d: &Daemon, dir: &Path) {
+    let total = |d: &Daemon| d.status("wl2").map_or(0, |s| s.summary.total_bytes);
+    // QEMU's own view, read by the check through libvirt's monitor API: (total, DIMM bytes).
+    let qemu = || -> Option<(u64, u64)> {
+        let lv = Libvirt::open(URI).ok()?;
+        let dom = lv.running().ok()?.into_iter().find(|x| x.name == "wl2")?;
+        let l = LibvirtBackend::new(
+            lv.connect(),
+            &dom.name,
+            &dom.uuid,
+            Path::new(SYSTEM_PID_DIR),
+        )
+        .and_then(|mut b| b.discover())
+        .ok()?;
+        let dimm = l
+            .ranges
+            .iter()
+            .filter(|r| r.name.starts_with("memdimm"))
+            .map(|r| r.len)
+            .sum();
+        Some((l.total_bytes(), dimm))
+    };
+    let before = total(d);
+    let dimm = dir.join("dimm.xml");
+    let _ = std::fs::write(
+        &dimm,
+        format!(
+            "<memory model='dimm'><target><size unit='KiB'>{}</size><node>0</node></target></memory>",
+            DIMM >> 10
+        ),
+    );
+    let (ok, out) = virsh(&["attach-device", "wl2", &dimm.to_string_lossy(), "--live"]);
+    c.check(
+        ok,
+        "virsh attach-device hotplugs a 32 MiB DIMM into wl2",
+        out.trim(),
+    );
+    // Tracked when vmtierd's total is QEMU's, DIMM included (the base RAM's ranges may also
+    // change a little meanwhile: the guest's chipset settings remap the legacy holes).
+    let mut seen = None;
+    let grown = until(Duration::from_secs(30), &mut || {
+        seen = qemu();
+        seen.is_some_and(|(t, dimm)| dimm == DIMM && total(d) == t)
+    });
+    let st = d.status("wl2");
+    c.check(
+        grown.is_some() && st.as_ref().is_some_and(|s| s.summary.state == "active"),
+        "vmtierd tracks the hotplugged range (device-added event, layout re-read)",
+        format!(
+            "guest RAM {} -> {} after {:.1} s (QEMU: {:?} with the DIMM); state {:?}",
+            ByteSize(before),
+            ByteSize(total(d)),
+            grown.map_or(-1.0, |t| t.as_secs_f64()),
+            seen.map(|(t, dimm)| (ByteSize(t), ByteSize(dimm))),
+            st.map(|s| s.summary.state).unwrap_or_default()
+        ),
+    );
+    // Unplug needs the guest to eject the DIMM (ACPI); the workload guest has no ACPI
+    // driver, so QEMU keeps it. Whatever happens, vmtierd must follow it.
+    // libvirt returns once the request is sent (or after 5 s): poll QEMU itself.
+    let (ok, out) = virsh(&["detach-device", "wl2", &dimm.to_string_lossy(), "--live"]);
+    std::thread::sleep(Duration::from_secs(3));
+    let mut seen = None;
+    let agree = until(Duration::from_secs(15), &mut || {
+        seen = qemu();
+        seen.is_some_and(|(t, _)| total(d) == t)
+    });
+    c.check(
+        agree.is_some(),
+        "after virsh detach-device vmtierd tracks what QEMU has",
+        format!(
+            "detach-device {} ({}); QEMU has {:?} (total, DIMM: {}); vmtierd tracks {}",
+            if ok { "returned" } else { "failed" },
+            out.trim(),
+            seen.map(|(t, dimm)| (ByteSize(t), ByteSize(dimm))),
+            if seen.is_some_and(|s| s.1 > 0) {
+                "still plugged: the guest has not ejected it"
+            } else {
+                "unplugged"
+            },
+            ByteSize(total(d))
+        ),
+    );
+    let pid_of = |d: &Daemon| {
+        d.status("wl2")
+            .and_then(|s| s.backend.split("qemu pid ").nth(1).map(str::to_owned))
+            .and_then(|t| t.split([',', ')']).next().map(str::to_owned))
+            .unwrap_or_default()
+    };
+    let pid0 = pid_of(d);
+    let file = dir.join("wl2.save");
+    let t = Instant::now();
+    let (ok, out) = virsh(&["save", "wl2", &file.to_string_lossy()]);
+    let save_s = t.elapsed().as_secs_f64();
+    c.check(
+        ok,
+        "virsh save wl2 (the migration stream, to a file)",
+        out.trim(),
+    );
+    let gone = until(Duration::from_secs(30), &mut || {
+        !listed(d).contains(&"wl2".to_owned())
+    });
+    c.check(
+        gone.is_some() && d.log_text().contains("wl2: libvirt domain detached"),
+        "wl2, stopped by save, is detached cleanly",
+        format!(
+            "{:.1} s after save returned (save took {save_s:.1} s)",
+            gone.map_or(-1.0, |t| t.as_secs_f64())
+        ),
+    );
+    let (ok, out) = virsh(&["restore", &file.to_string_lossy()]);
+    c.check(
+        ok,
+        "virsh restore wl2 (an incoming migration from the file)",
+        out.trim(),
+    );
+    let back = until(Duration::from_secs(60), &mut || {
+        d.status("wl2").is_some_and(|s| s.summary.state == "active")
+    });
+    let pid1 = pid_of(d);
+    let seen = qemu();
+    c.check(
+        back.is_some()
+            && !pid1.is_empty()
+            && pid1 != pid0
+            && seen.is_some_and(|(t, _)| t == total(d)),
+        "the restored wl2 is attached afresh (a new QEMU, its RAM as QEMU has it)",
+        format!(
+            "{:.1} s after restore returned; qemu pid {pid0} -> {pid1}; guest RAM {} (QEMU: {:?})",
+            back.map_or(-1.0, |t| t.as_secs_f64()),
+            ByteSize(total(d)),
+            seen.map(|(t, dimm)| (ByteSize(t), ByteSize(dimm)))
+        ),
+    );
+    let _ = std::fs::remove_file(&file);
 }

@@ -70,6 +70,9 @@ enum Cmd {
     /// vmtierd following a real libvirtd: domains found from their metadata, budget changes
     /// with virsh, domains attached and detached as they start and stop.
     Libvirt(libvirt::LibvirtArgs),
+    /// vmtierd following a libvirt domain's lifecycle: a DIMM hotplugged live, virsh save
+    /// (the migration stream) and restore (an incoming migration), destroy.
+    LibvirtLifecycle(libvirt::LibvirtArgs),
     /// vmtierd with guest hints: a hinted VM against an unhinted twin (ticks to place the
     /// hot set), or (`--evil`) a malicious hint sender beside a normal VM.
     Hints(hints::HintsArgs),
@@ -102,6 +105,7 @@ fn main() -> ExitCode {
         Cmd::Sources(a) => sources::run(&mut c, &a),
         Cmd::Soak(a) => soak::run(&mut c, &a),
         Cmd::Libvirt(a) => libvirt::run(&mut c, &a),
+        Cmd::LibvirtLifecycle(a) => libvirt::run_lifecycle(&mut c, &a),
         Cmd::Hints(a) => hints::run(&mut c, &a),
         Cmd::AgentGuest(a) => agent::guest(&mut c, &a),
         Cmd::AgentHost(a) => agent::host(&mut c, &a),

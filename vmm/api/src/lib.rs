@@ -4,15 +4,18 @@
 //!
 //! - [`proto`]: the control socket's requests, replies and status types.
 //! - [`hints`]: the guest hint channel's configuration and status.
+//! - [`pin`]: pinned guest-physical ranges.
 //! - [`vm`]: a VM's description (`[[vm]]` in the configuration, the body of `attach`).
 //! - [`heatmap`]: a VM's recent ticks over its guest-physical address space.
 
 pub mod heatmap;
 pub mod hints;
+pub mod pin;
 pub mod proto;
 pub mod vm;
 
 pub use heatmap::Heatmap;
+pub use pin::{Pin, PinTier};
 pub use proto::{
     ApiError, DaemonMetrics, Health, Message, NodeBytes, Reply, Request, Response, TickHistogram,
     Tiering, TieringChange, VmList, VmMetrics, VmStatus, VmSummary,

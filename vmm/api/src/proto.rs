@@ -75,7 +75,7 @@ pub fn check_request(req: &Request) -> Result<(), DecodeError> {
             }
             _ if change.is_empty() => {
                 return Err(DecodeError::Invalid(format!(
-                    "nothing to change for {vm}: give budget, policy, params or enabled"
+                    "nothing to change for {vm}: give budget, policy, params, enabled or pins"
                 )));
             }
             _ => {}
@@ -196,6 +196,9 @@ pub struct Tiering {
     pub params: Option<serde_json::Map<String, serde_json::Value>>,
     /// Whether ticks place the VM's memory; a disabled VM's pages stay where they are.
     pub enabled: bool,
+    /// Guest-physical ranges pinned to a tier.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub pins: Vec<crate::pin::Pin>,
 }
 
 /// A change of tiering settings (`set-tiering`); every field is optional, at least one is
@@ -232,6 +235,13 @@ pub struct TieringChange {
         deserialize_with = "crate::no_null"
     )]
     pub enabled: Option<bool>,
+    /// New pinned ranges, replacing all of them (`[]` unpins everything).
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        deserialize_with = "crate::no_null"
+    )]
+    pub pins: Option<Vec<crate::pin::Pin>>,
 }
 
 impl TieringChange {
@@ -515,7 +525,7 @@ mod tests {
             (br#"{"cmd":"set-budget","vm":"a","budget":"1025T"}"#, Err("Invalid request: budget 1025 TiB for a is above the largest, 1024 TiB")),
             (br#"{"cmd":"attach","vm":{"name":"a","budget":"1G","pid":0,"ranges":[{"start":4096,"len":4096}]}}"#, Err("Invalid request: VM a: pid 0 is not a process id")),
             (br#"{"cmd":"attach","vm":{"name":"a","budget":"1G"}}"#, Err("Invalid request: VM a: give qmp")),
-            (br#"{"cmd":"attach","vm":{"name":"a","budget":"1G","qmp":"/q"}}"#, Ok(Some(Request::Attach { vm: VmConfig { name: "a".parse().unwrap(), budget: ByteSize(1 << 30), qmp: Some("/q".into()), pid: None, ranges: vec![], hints: None } }))),
+            (br#"{"cmd":"attach","vm":{"name":"a","budget":"1G","qmp":"/q"}}"#, Ok(Some(Request::Attach { vm: VmConfig { name: "a".parse().unwrap(), budget: ByteSize(1 << 30), qmp: Some("/q".into()), pid: None, ranges: vec![], hints: None, pins: vec![] } }))),
             (long.as_bytes(), Err("Request longer than 65536 bytes")),
             (br#"{"cmd":"set-tiering","vm":"a","change":{}}"#, Err("Invalid request: nothing to change for a")),
             (br#"{"cmd":"set-tiering","vm":"a","change":{"budget":"1025T"}}"#, Err("Invalid request: budget 1025 TiB for a is above the largest")),

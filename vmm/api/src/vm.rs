@@ -63,6 +63,10 @@ pub struct VmConfig {
     /// The guest hint channel (`[vm.hints]`); none by default.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub hints: Option<crate::hints::HintsConfig>,
+    /// Guest-physical ranges pinned to a tier (`pins = [{ start = "0x0", size = "16M",
+    /// tier = "dram" }]`); none by default. Rounded outward to whole granules.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub pins: Vec<crate::pin::Pin>,
 }
 
 impl VmConfig {
@@ -85,6 +89,8 @@ impl VmConfig {
             h.validate()
                 .map_err(|why| Error::Invalid(format!("VM {name}: {why}")))?;
         }
+        crate::pin::validate(&self.pins, self.budget)
+            .map_err(|why| Error::Invalid(format!("VM {name}: {why}")))?;
         let mut spans = Vec::with_capacity(self.ranges.len());
         for r in &self.ranges {
             let (start, len) = (r.start.raw(), r.len.0);
@@ -151,6 +157,61 @@ mod hex_addr {
                 u64::from_str_radix(hex, 16)
                     .map(HostVirtAddr::new)
                     .map_err(|_| de::Error::custom(format!("address {t:?} is not hexadecimal")))
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn pins_in_a_vm_table_are_checked() {
+        let vm = |pins: &str| {
+            format!("name = \"web1\"\nbudget = \"16M\"\nqmp = \"/run/q.sock\"\npins = [{pins}]\n")
+        };
+        let cases: Vec<(String, Result<usize, &str>)> = vec![
+            (vm(""), Ok(0)),
+            (
+                vm("{ start = \"0x0\", size = \"16M\", tier = \"dram\" }"),
+                Ok(1),
+            ),
+            (
+                vm("{ start = 0, size = \"8M\", tier = \"dram\" }, \
+                    { start = \"0x100000000\", size = \"1G\", tier = \"cxl\" }"),
+                Ok(2),
+            ),
+            (
+                vm("{ start = \"0x0\", size = \"32M\", tier = \"dram\" }"),
+                Err("VM web1: Pinned DRAM 32 MiB exceeds the budget 16 MiB"),
+            ),
+            (
+                vm("{ start = \"0x0\", size = \"8M\", tier = \"cxl\" }, \
+                    { start = \"0x100000\", size = \"1M\", tier = \"cxl\" }"),
+                Err("VM web1: Pins 0x0+8 MiB (cxl) and 0x100000+1 MiB (cxl) overlap"),
+            ),
+            (
+                vm("{ start = \"0x0\", size = \"8M\", tier = \"fast\" }"),
+                Err("unknown variant `fast`"),
+            ),
+            (
+                vm("{ start = \"0x0\", size = \"8M\", tier = \"dram\", len = 1 }"),
+                Err("unknown field `len`"),
+            ),
+        ];
+        for (text, want) in cases {
+            let got = toml::from_str::<VmConfig>(&text)
+                .map_err(|e| e.to_string())
+                .and_then(|v| {
+                    v.validate()
+                        .map(|()| v.pins.len())
+                        .map_err(|e| e.to_string())
+                });
+            match (&got, want) {
+                (Ok(n), Ok(w)) => assert_eq!(*n, w, "{text}"),
+                (Err(e), Err(w)) => assert!(e.contains(w), "{text}: {e} (want {w})"),
+                _ => panic!("{text}: {got:?} (want {want:?})"),
             }
         }
     }

@@ -44,8 +44,8 @@ use vmtier_core::migrate::{
 };
 use vmtier_core::policy::{Granule, HeatRecord, PlacementPolicy, PolicyInput, Tier};
 use vmtier_core::{
-    error_chain as err_chain, ByteSize, GranuleSize, GuestMemoryLayout, HostVirtAddr, NodeId,
-    PageSize, RegionAccess, VmId,
+    error_chain as err_chain, ByteSize, GranuleSize, GuestMemoryLayout, GuestPhysAddr,
+    HostVirtAddr, NodeId, PageSize, RegionAccess, VmId,
 };
 use vmtier_sources::store::{Error as StoreError, HotnessStore, StoreConfig, HISTOGRAM_BUCKETS};
 
@@ -53,6 +53,7 @@ use crate::hints::{HintFeed, HintParts, HintTracker, MISBEHAVING_FOR};
 use crate::proto::{NodeBytes, Reply, Request, Response, VmMetrics, VmStatus, VmSummary};
 use crate::ring::{RingSize, TickInfo, TickRing};
 use vmtier_api::heatmap::Heatmap;
+use vmtier_api::pin::{Pin, PinTier};
 use vmtier_api::proto::{DaemonMetrics, TickHistogram, Tiering, TieringChange};
 
 /// Error of an engine operation (an API request or an attach).
@@ -95,6 +96,9 @@ pub enum Error {
     /// A tiering change was refused; nothing changed.
     #[error("Cannot change the tiering of {0}: {1}")]
     Tiering(VmId, String),
+    /// Pinned ranges were refused; nothing changed.
+    #[error("Cannot pin ranges of {0}: {1}")]
+    Pin(VmId, String),
 }
 
 /// Why a VM stopped being managed during a tick.
@@ -307,6 +311,95 @@ struct Vm {
     hints: Option<VmHints>,
     /// The last ticks over the guest's RAM, for `heatmap`.
     ring: TickRing,
+    /// Pinned ranges as set, and the granules they cover (rounded outward), sorted.
+    pins: Vec<Pin>,
+    pins_at: PinnedGranules,
+}
+
+/// The granules a VM's pins cover in its current store, sorted.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+struct PinnedGranules {
+    /// Kept in DRAM: promoted before anything else, never demoted.
+    fast: Vec<Granule>,
+    /// Kept on the slow node: demoted, never promoted.
+    slow: Vec<Granule>,
+}
+
+impl PinnedGranules {
+    fn is_empty(&self) -> bool {
+        self.fast.is_empty() && self.slow.is_empty()
+    }
+
+    fn is_fast(&self, g: Granule) -> bool {
+        self.fast.binary_search(&g).is_ok()
+    }
+
+    fn is_slow(&self, g: Granule) -> bool {
+        self.slow.binary_search(&g).is_ok()
+    }
+}
+
+/// The granules `pins` cover in `store` (each range rounded outward to whole granules).
+/// `Err` names the first pin that is not wholly inside the guest RAM of `layout`, and a set
+/// of DRAM pins that no longer fits `budget` granules once rounded.
+fn pin_granules(
+    layout: &GuestMemoryLayout,
+    store: &HotnessStore,
+    pins: &[Pin],
+    budget: u64,
+) -> Result<PinnedGranules, String> {
+    let mut out = PinnedGranules::default();
+    for p in pins {
+        let end = p
+            .end()
+            .ok_or_else(|| format!("Pin {p}: ends beyond the 64-bit address space"))?;
+        // Covered by RAM ranges from start to end (ranges are sorted and do not overlap).
+        let mut at = p.start.0;
+        for r in &layout.ranges {
+            let (lo, hi) = (r.gpa.0, r.gpa_end().map_or(u64::MAX, |e| e.0));
+            if lo <= at && at < hi {
+                at = hi;
+            }
+            if at >= end {
+                break;
+            }
+        }
+        let first = store.granule_of_gpa(p.start);
+        let last = store.granule_of_gpa(GuestPhysAddr(end.saturating_sub(1)));
+        let (Some(first), Some(last), true) = (first, last, at >= end) else {
+            return Err(format!(
+                "Pin {p}: not inside guest RAM ({})",
+                layout
+                    .ranges
+                    .iter()
+                    .map(|r| format!("{:#x}+{}", r.gpa.0, ByteSize(r.len)))
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ));
+        };
+        let into = match p.tier {
+            PinTier::Dram => &mut out.fast,
+            PinTier::Cxl => &mut out.slow,
+        };
+        into.extend((first.0..=last.0).map(Granule));
+    }
+    for v in [&mut out.fast, &mut out.slow] {
+        v.sort_unstable();
+        v.dedup();
+    }
+    // Two pins rounded outward may share a granule: DRAM wins.
+    let fast = out.fast.clone();
+    out.slow.retain(|g| fast.binary_search(g).is_err());
+    let pinned = out.fast.len() as u64;
+    if pinned > budget {
+        return Err(format!(
+            "Pinned DRAM {} (rounded to whole granules of {}) exceeds the budget {}",
+            ByteSize(pinned.saturating_mul(store.granule_bytes())),
+            ByteSize(store.granule_bytes()),
+            ByteSize(budget.saturating_mul(store.granule_bytes()))
+        ));
+    }
+    Ok(out)
 }
 
 /// A VM's hint channel and the trust placed in it.
@@ -473,6 +566,8 @@ impl Engine {
             enabled: true,
             params: None,
             ring,
+            pins: Vec::new(),
+            pins_at: PinnedGranules::default(),
         };
         self.migrator.add_layout(&vm.layout);
         if let Err(e) = refresh_placement(&self.cfg, self.locator.as_mut(), &mut vm) {
@@ -485,6 +580,23 @@ impl Engine {
             ByteSize(vm.layout.total_bytes())
         );
         self.vms.insert(name, vm);
+        Ok(msg)
+    }
+
+    /// Attaches a VM as its `[[vm]]` table or `attach` request says: [`Self::attach`], then
+    /// its pinned ranges (a VM whose pins do not fit its guest RAM is not attached).
+    pub fn attach_config(
+        &mut self,
+        vm: &crate::config::VmConfig,
+        parts: VmParts,
+    ) -> Result<String, Error> {
+        let msg = self.attach(vm.name.clone(), vm.budget, parts)?;
+        if !vm.pins.is_empty() {
+            if let Err(e) = self.set_pins(&vm.name, vm.pins.clone()) {
+                let _ = self.detach(&vm.name);
+                return Err(e);
+            }
+        }
         Ok(msg)
     }
 
@@ -503,10 +615,15 @@ impl Engine {
     /// Changes a VM's budget; the next tick enforces it.
     pub fn set_budget(&mut self, name: &VmId, budget: ByteSize) -> Result<String, Error> {
         self.check_budget(name, budget)?;
+        let g = self.cfg.granule.bytes();
         let vm = self
             .vms
             .get_mut(name)
             .ok_or_else(|| Error::NoSuchVm(name.clone()))?;
+        if !vm.pins.is_empty() {
+            pin_granules(&vm.layout, &vm.store, &vm.pins, budget.0 / g)
+                .map_err(|why| Error::Pin(name.clone(), why))?;
+        }
         info!("{name}: budget {} -> {budget}", ByteSize(vm.budget_bytes));
         vm.budget_bytes = budget.0;
         Ok(format!("Budget of {name} set to {budget}"))
@@ -646,7 +763,21 @@ impl Engine {
             policy: vm.parts.policy.name().into(),
             params: vm.params.clone(),
             enabled: vm.enabled,
+            pins: vm.pins.clone(),
         })
+    }
+
+    /// Replaces a VM's pinned ranges (`[]` unpins all). Checked against the VM's guest RAM,
+    /// granule and budget before anything changes; the next tick moves the pinned granules.
+    pub fn set_pins(&mut self, name: &VmId, pins: Vec<Pin>) -> Result<String, Error> {
+        self.set_tiering(
+            name,
+            TieringChange {
+                pins: Some(pins),
+                ..TieringChange::default()
+            },
+        )?;
+        Ok(format!("Pinned ranges of {name} set"))
     }
 
     /// Changes a VM's tiering settings: everything is checked (and a new policy built)
@@ -655,10 +786,18 @@ impl Engine {
         if let Some(b) = change.budget {
             self.check_budget(name, b)?;
         }
+        let g = self.cfg.granule.bytes();
         let vm = self
             .vms
             .get_mut(name)
             .ok_or_else(|| Error::NoSuchVm(name.clone()))?;
+        // Pins against the budget in force after the change (either may change).
+        let budget = change.budget.map_or(vm.budget_bytes, |b| b.0);
+        let pins = change.pins.as_ref().unwrap_or(&vm.pins);
+        let pinned = vmtier_api::pin::validate(pins, ByteSize(budget))
+            .map_err(|e| e.to_string())
+            .and_then(|()| pin_granules(&vm.layout, &vm.store, pins, budget / g))
+            .map_err(|why| Error::Pin(name.clone(), why))?;
         let policy = match (&change.policy, &change.params) {
             (None, None) => None,
             (p, params) => {
@@ -685,6 +824,19 @@ impl Engine {
             );
             vm.parts.policy = p;
             vm.params = change.params;
+        }
+        if let Some(pins) = change.pins {
+            if pins != vm.pins {
+                info!(
+                    "{name}: pinned ranges [{}] -> [{}] ({} granules DRAM, {} CXL)",
+                    pin_list(&vm.pins),
+                    pin_list(&pins),
+                    pinned.fast.len(),
+                    pinned.slow.len()
+                );
+            }
+            vm.pins = pins;
+            vm.pins_at = pinned;
         }
         if let Some(on) = change.enabled {
             if on != vm.enabled {
@@ -779,7 +931,7 @@ impl Engine {
                 .and_then(|()| build(&vm))
             {
                 Ok(parts) => self
-                    .attach(vm.name.clone(), vm.budget, parts)
+                    .attach_config(&vm, parts)
                     .map(|message| Reply::Done { message }),
                 Err(reason) => Err(Error::Attach(vm.name.clone(), reason)),
             },
@@ -789,6 +941,13 @@ impl Engine {
             Err(e) => Response::Error(err_chain(&e)),
         }
     }
+}
+
+fn pin_list(pins: &[Pin]) -> String {
+    pins.iter()
+        .map(ToString::to_string)
+        .collect::<Vec<_>>()
+        .join(", ")
 }
 
 fn summary(name: &VmId, vm: &Vm) -> VmSummary {
@@ -1010,6 +1169,10 @@ fn tick_vm(
     let hot_min = hybrid::hot_min(max_gain).max(vm.store.page_cutoff(vm.budget_bytes));
     // Whole granules; with hybrid tracking, regions filled hottest first by their pages.
     let budget = vm.store.policy_budget(vm.budget_bytes, hot_min);
+    // Pins first: they hold whatever the policy plans (docs/daemon.md, pinned ranges).
+    if !vm.pins_at.is_empty() {
+        enforce_pins(cfg, migrator, vm, budget, &mut moves_left, deadline)?;
+    }
     // Guest hints: this tick's I/O, then checked against the store (docs/daemon.md).
     if let Some(h) = vm.hints.as_mut() {
         let now = Instant::now();
@@ -1034,13 +1197,25 @@ fn tick_vm(
     } else {
         moves_left
     };
-    let mut input = PolicyInput::from_records(vm.tick, g, vm.store.records(), budget, policy_moves);
+    // The policy and the budget rule see pinned DRAM granules as reserved: not in the fast
+    // tier, just moved (so left alone), and the budget less all of them.
+    let masked = pin_masked(vm);
+    let records: &[HeatRecord] = masked.as_deref().unwrap_or(vm.store.records());
+    let budget = budget.saturating_sub(vm.pins_at.fast.len() as u64);
+    let mut input = PolicyInput::from_records(vm.tick, g, records, budget, policy_moves);
     if let Some(h) = &vm.hints {
         input.hints = h.tracker.hints();
     }
     input.max_gain = max_gain;
     let fast_used = input.fast_used();
-    let plan = vm.parts.policy.plan(&input);
+    let mut plan = vm.parts.policy.plan(&input);
+    if !vm.pins_at.is_empty() {
+        let p = &vm.pins_at;
+        let before = plan.moves();
+        plan.promote.retain(|&g| !p.is_fast(g) && !p.is_slow(g));
+        plan.demote.retain(|&g| !p.is_fast(g));
+        vm.metrics.deferred_granules += (before - plan.moves()) as u64;
+    }
     if log::log_enabled!(log::Level::Debug) && !plan.is_empty() {
         let show = |gs: &[Granule]| -> String {
             gs.iter()
@@ -1061,9 +1236,14 @@ fn tick_vm(
 
     // The one enforcement rule (demotions first, forced ones when over budget — a budget
     // cut ignores the rate limit — then promotions while there is room and rate left).
-    let mut e = plan.enforce(vm.store.records(), budget, policy_moves);
+    let mut e = plan.enforce(records, budget, policy_moves);
+    drop(masked);
     // Hybrid tracking: the budget in pages is the hard limit, the moves are counted in pages.
+    // The store's pages include pinned ones; what fit forces out is never a DRAM pin.
     let fitted = vm.store.fit(&mut e, vm.budget_bytes, move_pages, hot_min);
+    if !vm.pins_at.is_empty() {
+        e.demote.retain(|&g| !vm.pins_at.is_fast(g));
+    }
     vm.metrics.deferred_granules += e.deferred;
     if e.invalid > 0 {
         debug!(
@@ -1138,6 +1318,102 @@ fn tick_vm(
         },
     );
     Ok(())
+}
+
+/// Pinned granules on the wrong tier are moved before the policy plans: CXL pins are
+/// demoted, then DRAM pins promoted, making room by demoting the coldest unpinned DRAM
+/// granules when the budget is full. These moves count against the tick's rate limit like
+/// any other (a promotion that needs room costs two); pins whose last move did not complete
+/// wait for their back-off like any other granule.
+fn enforce_pins(
+    cfg: &EngineConfig,
+    migrator: &mut dyn Migrator,
+    vm: &mut Vm,
+    budget: u64,
+    moves_left: &mut u64,
+    deadline: Instant,
+) -> Result<(), Lost> {
+    let tick = vm.tick;
+    let waiting = |vm: &Vm, g: &Granule| vm.retries.get(g).is_some_and(|r| r.due > tick);
+    let left = usize::try_from(*moves_left).unwrap_or(usize::MAX);
+    let recs = vm.store.records();
+    let demote: Vec<Granule> = vm
+        .pins_at
+        .slow
+        .iter()
+        .filter(|&&g| recs[g.index()].is_fast() && !waiting(vm, &g))
+        .take(left)
+        .copied()
+        .collect();
+    *moves_left = moves_left.saturating_sub(demote.len() as u64);
+    move_granules(cfg, migrator, vm, &demote, Step::Demote, 0, deadline)?;
+
+    let recs = vm.store.records();
+    let want: Vec<Granule> = vm
+        .pins_at
+        .fast
+        .iter()
+        .filter(|&&g| !recs[g.index()].is_fast() && !waiting(vm, &g))
+        .copied()
+        .collect();
+    if want.is_empty() {
+        return Ok(());
+    }
+    let fast_used = recs.iter().filter(|r| r.is_fast()).count() as u64;
+    let room = budget.saturating_sub(fast_used);
+    let (m, k) = (*moves_left, want.len() as u64);
+    // p promotions and d room-making demotions with p ≤ room + d and p + d ≤ m.
+    let mut p = k.min(m);
+    if p > room {
+        p = p.min(m.saturating_add(room) / 2);
+    }
+    let d = if p == 0 && room == 0 {
+        // Only room can be made this tick.
+        k.min(m)
+    } else {
+        p.saturating_sub(room)
+    };
+    if d > 0 {
+        let mut victims: Vec<(u8, Granule)> = recs
+            .iter()
+            .enumerate()
+            .filter_map(|(i, r)| {
+                let g = Granule(u32::try_from(i).ok()?);
+                (r.is_fast() && !vm.pins_at.is_fast(g)).then_some((r.heat(), g))
+            })
+            .collect();
+        victims.sort_unstable();
+        let victims: Vec<Granule> = victims
+            .into_iter()
+            .take(usize::try_from(d).unwrap_or(usize::MAX))
+            .map(|(_, g)| g)
+            .collect();
+        *moves_left = moves_left.saturating_sub(victims.len() as u64);
+        let freed = move_granules(cfg, migrator, vm, &victims, Step::Demote, 0, deadline)?;
+        p = p.min(room.saturating_add(freed));
+    }
+    let p = usize::try_from(p).unwrap_or(usize::MAX).min(want.len());
+    *moves_left = moves_left.saturating_sub(p as u64);
+    vm.metrics.deferred_granules += (want.len() - p) as u64;
+    // A pinned region moves whole, split or not (hot_min 0 takes every page).
+    move_granules(cfg, migrator, vm, &want[..p], Step::Promote, 0, deadline)?;
+    Ok(())
+}
+
+/// The records as the policy sees them when DRAM pins exist: pinned granules in DRAM shown
+/// as slow and just moved, so that the policy neither counts nor plans them; `None` without
+/// DRAM pins.
+fn pin_masked(vm: &Vm) -> Option<Vec<HeatRecord>> {
+    if vm.pins_at.fast.is_empty() {
+        return None;
+    }
+    let mut recs = vm.store.records().to_vec();
+    for g in &vm.pins_at.fast {
+        if let Some(r) = recs.get_mut(g.index()) {
+            *r = HeatRecord::new(r.heat(), Tier::Slow, 0);
+        }
+    }
+    Some(recs)
 }
 
 /// Retries the mixed granules whose back-off expired (only their pages on the wrong node)
@@ -1488,6 +1764,18 @@ fn recheck_layout(
             vm.layout = l;
             vm.ring = TickRing::new(vm.ring.size(), &vm.layout, &vm.store);
             vm.retries.clear();
+            if !vm.pins.is_empty() {
+                let budget = vm.budget_bytes / cfg.granule.bytes();
+                match pin_granules(&vm.layout, &vm.store, &vm.pins, budget) {
+                    Ok(p) => vm.pins_at = p,
+                    Err(why) => {
+                        // Memory was unplugged under a pin: the pins are dropped, visibly.
+                        warn!("{name}: pinned ranges dropped with the new layout: {why}");
+                        vm.pins.clear();
+                        vm.pins_at = PinnedGranules::default();
+                    }
+                }
+            }
             vm.problems.clear(&name, Component::Layout);
             Ok(())
         }
@@ -2635,6 +2923,7 @@ mod tests {
             policy: policy.map(Into::into),
             params: params.and_then(|p| p.as_object().cloned()),
             enabled,
+            pins: None,
         };
         // (change, error wanted, tiering after)
         let cases = [
@@ -2797,5 +3086,244 @@ mod tests {
                 assert_eq!(st.summary.fast_bytes, 10 * MIB);
             }
         }
+    }
+    fn pin(start: u64, size: u64, tier: PinTier) -> Pin {
+        Pin {
+            start: GuestPhysAddr(start),
+            size: ByteSize(size),
+            tier,
+        }
+    }
+
+    fn pages_in_dram(w: &World, off: u64, len: u64) -> u64 {
+        hot_in_dram(w, off, len) / 4096
+    }
+
+    #[test]
+    fn pinned_ranges_hold_whatever_the_policy_plans() {
+        use PinTier::{Cxl, Dram};
+        struct Case {
+            name: &'static str,
+            budget: u64,
+            /// Hot set (offset, len).
+            hot: (u64, u64),
+            pins: Vec<Pin>,
+            /// Rate limit, MB/s (1 s ticks).
+            rate: u64,
+            /// Pages busy for this many attempts (offset, attempts; u32::MAX: for good).
+            busy: Vec<(u64, u32)>,
+            /// (offset, len, pages that must be in DRAM at the end).
+            dram: Vec<(u64, u64, u64)>,
+            /// Pinned DRAM ranges that, once wholly in DRAM, must stay there.
+            stay: Vec<(u64, u64)>,
+            pending: u64,
+        }
+        let pages = |len: u64| len / 4096;
+        let cases = vec![
+            Case {
+                name: "a cold DRAM pin goes to DRAM beside the hot set",
+                budget: 16 * MIB,
+                hot: (0, 8 * MIB),
+                pins: vec![pin(32 * MIB, 8 * MIB, Dram)],
+                rate: 1000,
+                busy: vec![],
+                dram: vec![
+                    (32 * MIB, 8 * MIB, pages(8 * MIB)),
+                    (0, 8 * MIB, pages(8 * MIB)),
+                ],
+                stay: vec![(32 * MIB, 8 * MIB)],
+                pending: 0,
+            },
+            Case {
+                name: "a DRAM pin takes its share of a full budget from the hot set",
+                budget: 16 * MIB,
+                hot: (0, 16 * MIB),
+                pins: vec![pin(40 * MIB, 8 * MIB, Dram)],
+                rate: 1000,
+                busy: vec![],
+                dram: vec![
+                    (40 * MIB, 8 * MIB, pages(8 * MIB)),
+                    (0, 16 * MIB, pages(8 * MIB)),
+                ],
+                stay: vec![(40 * MIB, 8 * MIB)],
+                pending: 0,
+            },
+            Case {
+                name: "one granule per tick: room is made, then the pin moves in",
+                budget: 16 * MIB,
+                hot: (0, 16 * MIB),
+                pins: vec![pin(40 * MIB, 4 * MIB, Dram)],
+                rate: 3,
+                busy: vec![],
+                dram: vec![(40 * MIB, 4 * MIB, pages(4 * MIB))],
+                stay: vec![(40 * MIB, 4 * MIB)],
+                pending: 0,
+            },
+            Case {
+                name: "unaligned pins are rounded outward to whole granules",
+                budget: 16 * MIB,
+                hot: (0, 4 * MIB),
+                pins: vec![pin(33 * MIB, MIB + 4096, Dram)],
+                rate: 1000,
+                busy: vec![],
+                dram: vec![(32 * MIB, 4 * MIB, pages(4 * MIB))],
+                stay: vec![(32 * MIB, 4 * MIB)],
+                pending: 0,
+            },
+            Case {
+                name: "a CXL pin over part of the hot set is never promoted",
+                budget: 16 * MIB,
+                hot: (0, 8 * MIB),
+                pins: vec![pin(0, 4 * MIB, Cxl)],
+                rate: 1000,
+                busy: vec![],
+                dram: vec![(0, 4 * MIB, 0), (4 * MIB, 4 * MIB, pages(4 * MIB))],
+                stay: vec![],
+                pending: 0,
+            },
+            Case {
+                name: "busy pages of a pin are retried until it is all in DRAM",
+                budget: 16 * MIB,
+                hot: (0, 4 * MIB),
+                pins: vec![pin(32 * MIB, 4 * MIB, Dram)],
+                rate: 1000,
+                busy: (0..10).map(|k| (32 * MIB + k * 4096, 3)).collect(),
+                dram: vec![(32 * MIB, 4 * MIB, pages(4 * MIB))],
+                stay: vec![(32 * MIB, 4 * MIB)],
+                pending: 0,
+            },
+            Case {
+                name: "a page busy for good leaves its pin granule partly moved, pending",
+                budget: 16 * MIB,
+                hot: (0, 4 * MIB),
+                pins: vec![pin(32 * MIB, 4 * MIB, Dram)],
+                rate: 1000,
+                busy: vec![(34 * MIB, u32::MAX)],
+                dram: vec![(32 * MIB, 4 * MIB, pages(4 * MIB) - 1)],
+                stay: vec![],
+                pending: 1,
+            },
+        ];
+        for c in cases {
+            let len = 64 * MIB;
+            let w = world(len);
+            {
+                let mut g = w.lock().unwrap();
+                for &(off, n) in &c.busy {
+                    g.busy.insert(page(off), n);
+                }
+            }
+            let hot = Arc::new(Mutex::new(c.hot));
+            let mut e = engine(&w, c.rate);
+            let vm: VmId = "g".parse().unwrap();
+            e.attach(vm.clone(), ByteSize(c.budget), parts(&w, len, &hot))
+                .unwrap();
+            // The hot set settles first, then the pins arrive.
+            for _ in 0..4 {
+                e.tick();
+            }
+            e.set_pins(&vm, c.pins.clone()).unwrap();
+            let mut held = vec![false; c.stay.len()];
+            for t in 1..=40 {
+                e.tick();
+                assert!(
+                    dram_bytes(&w) <= c.budget,
+                    "{}: tick {t}: over budget",
+                    c.name
+                );
+                for (k, &(off, l)) in c.stay.iter().enumerate() {
+                    let full = pages_in_dram(&w, off, l) == pages(l);
+                    assert!(
+                        !held[k] || full,
+                        "{}: tick {t}: pin at {off:#x} demoted",
+                        c.name
+                    );
+                    held[k] |= full;
+                }
+            }
+            for &(off, l, want) in &c.dram {
+                assert_eq!(
+                    pages_in_dram(&w, off, l),
+                    want,
+                    "{}: pages of {off:#x}+{l:#x} in DRAM",
+                    c.name
+                );
+            }
+            let st = e.status(&vm).unwrap();
+            assert_eq!(st.metrics.pending_granules, c.pending, "{}", c.name);
+            assert_eq!(e.tiering(&vm).unwrap().pins, c.pins, "{}", c.name);
+            // Unpinned, the policy owns everything again: the CXL-pinned hot range comes in.
+            e.set_pins(&vm, vec![]).unwrap();
+            for _ in 0..10 {
+                e.tick();
+            }
+            assert!(dram_bytes(&w) <= c.budget, "{}: after unpin", c.name);
+            if c.pins[0].tier == Cxl {
+                assert_eq!(pages_in_dram(&w, 0, 4 * MIB), pages(4 * MIB), "{}", c.name);
+            }
+        }
+    }
+
+    #[test]
+    fn bad_pins_are_refused_and_change_nothing() {
+        use PinTier::{Cxl, Dram};
+        let len = 64 * MIB;
+        let w = world(len);
+        let hot = Arc::new(Mutex::new((0, 8 * MIB)));
+        let mut e = engine(&w, 1000);
+        let vm: VmId = "g".parse().unwrap();
+        e.attach(vm.clone(), ByteSize(16 * MIB), parts(&w, len, &hot))
+            .unwrap();
+        let good = vec![pin(0, 8 * MIB, Dram)];
+        e.set_pins(&vm, good.clone()).unwrap();
+        // (pins, budget change, error wanted)
+        let cases: Vec<(Vec<Pin>, Option<u64>, &str)> =
+            vec![
+            (
+                vec![pin(60 * MIB, 8 * MIB, Cxl)],
+                None,
+                "Pin 0x3c00000+8 MiB (cxl): not inside guest RAM (0x0+64 MiB)",
+            ),
+            (
+                vec![pin(0, 32 * MIB, Dram)],
+                None,
+                "Pinned DRAM 32 MiB exceeds the budget 16 MiB",
+            ),
+            (
+                // 3 MiB in 2 MiB granules, rounded outward to 3 granules at 1 MiB: 6 MiB.
+                vec![pin(MIB, 4 * MIB, Dram), pin(16 * MIB, 12 * MIB, Dram)],
+                None,
+                "Pinned DRAM 18 MiB (rounded to whole granules of 2 MiB) exceeds the budget 16 MiB",
+            ),
+            (
+                vec![pin(0, 8 * MIB, Dram), pin(4 * MIB, 8 * MIB, Cxl)],
+                None,
+                "Pins 0x0+8 MiB (dram) and 0x400000+8 MiB (cxl) overlap",
+            ),
+            (good.clone(), Some(4 * MIB), "Pinned DRAM 8 MiB exceeds the budget 4 MiB"),
+        ];
+        for (pins, budget, want) in cases {
+            let r = e.set_tiering(
+                &vm,
+                TieringChange {
+                    budget: budget.map(ByteSize),
+                    pins: Some(pins.clone()),
+                    ..TieringChange::default()
+                },
+            );
+            match r {
+                Ok(t) => panic!("{pins:?}: accepted: {t:?}"),
+                Err(err) => assert!(
+                    err_chain(&err).contains(want),
+                    "{pins:?}: {err} (want {want})"
+                ),
+            }
+            let t = e.tiering(&vm).unwrap();
+            assert_eq!((t.pins, t.budget_bytes), (good.clone(), 16 * MIB), "{want}");
+        }
+        // A lower budget alone is refused while the pins need more.
+        let err = e.set_budget(&vm, ByteSize(4 * MIB)).unwrap_err();
+        assert!(err_chain(&err).contains("Pinned DRAM 8 MiB"), "{err}");
+        assert_eq!(e.tiering(&vm).unwrap().budget_bytes, 16 * MIB);
     }
 }

@@ -580,6 +580,7 @@ pub(crate) mod tests {
                 policy: "default".into(),
                 params: None,
                 enabled: true,
+                pins: vec![],
             };
             for (req, reply) in rx {
                 log.lock().unwrap().push(req.clone());

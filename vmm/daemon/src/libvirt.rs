@@ -26,7 +26,17 @@ use vmtier_libvirt::metadata::{ParamValue, Tiering};
 use vmtier_sources::SelectOptions;
 
 use crate::config::{Config, LibvirtConfig};
-use crate::engine::{Engine, SourceFactory, VmParts};
+use crate::engine::{Engine, Error as EngineError, SourceFactory, VmParts};
+use crate::hints::HintParts;
+use vmtier_api::proto::TieringChange;
+
+/// The reason of a refused pin, without the engine's "Cannot pin ranges of VM:" prefix.
+fn pin_reason(e: &EngineError) -> String {
+    match e {
+        EngineError::Pin(_, why) => why.clone(),
+        other => error_chain(other),
+    }
+}
 
 /// Shortest time between two log lines about one domain's refused settings (unless the
 /// reason changes) and between two connection attempts.
@@ -370,19 +380,50 @@ impl Follower {
                 );
             }
         }
+        // The guest hint channel: the domain's org.vmtier.agent.0 channel (or a unix device
+        // aliased ua-vmtier-agent), with the metadata's <hints> over [vm.hints]' defaults.
+        let hints = backend.agent_socket().and_then(|sock| {
+            let Some(hc) = t
+                .hints
+                .clone()
+                .unwrap_or_default()
+                .config(sock.to_path_buf())
+            else {
+                info!(
+                    "{id}: guest hint channel {} not used (<hints enabled=\"no\"/>)",
+                    sock.display()
+                );
+                return None;
+            };
+            info!("{id}: guest hint channel {}", sock.display());
+            HintParts::from_config(id.as_str(), &hc)
+        });
         let parts = VmParts {
             backend: Box::new(backend),
             source: source_factory(cfg),
             policy,
-            // No hint channel for libvirt domains yet: their agent channel
-            // (org.vmtier.agent.0) is not looked up from the domain XML.
-            hints: None,
+            hints,
         };
         engine
             .attach(id.clone(), t.budget, parts)
             .map_err(|e| error_chain(&e))?;
         if let Some(r) = t.rate {
             let _ = engine.set_rate_limit(id, Some(r.0));
+        }
+        // Pins are checked against the guest RAM now known; refused ones leave the domain
+        // managed without pins, degraded, and are tried again when the metadata changes.
+        let mut in_force = t.clone();
+        if !t.pins.is_empty() {
+            if let Err(e) = engine.set_pins(id, t.pins.clone()) {
+                in_force.pins.clear();
+                let _ = engine.set_metadata_problem(
+                    id,
+                    Some(format!(
+                        "Element <pin>: {}; the settings in force are kept",
+                        pin_reason(&e)
+                    )),
+                );
+            }
         }
         info!(
             "{id}: libvirt domain {} attached from its metadata (budget {}, policy {}, rate {})",
@@ -396,7 +437,7 @@ impl Follower {
             id.clone(),
             Managed {
                 uuid: d.uuid.clone(),
-                tiering: t.clone(),
+                tiering: in_force,
             },
         );
         Ok(())
@@ -414,7 +455,9 @@ impl Follower {
         }
         let old = m.tiering.clone();
         let uuid = m.uuid.clone();
-        let policy_changed = old.policy != t.policy || old.params != t.params;
+        // The hint channel's settings are fixed at attach too.
+        let policy_changed =
+            old.policy != t.policy || old.params != t.params || old.hints != t.hints;
         if policy_changed {
             // Policies keep state; a new one starts on a fresh attach of the same domain.
             if let Err(why) = build_policy(cfg, &t) {
@@ -436,22 +479,32 @@ impl Follower {
             };
             let _ = engine.detach(id);
             self.managed.remove(id);
-            info!("{id}: policy changed in its metadata, re-attaching");
+            info!("{id}: policy or hint settings changed in its metadata, re-attaching");
             if let Err(why) = self.attach(engine, cfg, id, &d, &t, conn) {
                 self.log_problem(id.as_str(), format!("not managed: {why}"));
                 self.retry = true;
             }
             return;
         }
-        if old.budget != t.budget {
-            if let Err(e) = engine.set_budget(id, t.budget) {
-                let _ = engine.set_metadata_problem(
-                    id,
-                    Some(format!(
-                        "Attribute budget=\"{}\": {}; the settings in force are kept",
+        if old.budget != t.budget || old.pins != t.pins {
+            // Budget and pins together, all or nothing (DRAM pins count against the budget).
+            let change = TieringChange {
+                budget: (old.budget != t.budget).then_some(t.budget),
+                pins: (old.pins != t.pins).then(|| t.pins.clone()),
+                ..TieringChange::default()
+            };
+            if let Err(e) = engine.set_tiering(id, change) {
+                let what = match e {
+                    EngineError::Pin(..) => format!("Element <pin>: {}", pin_reason(&e)),
+                    _ => format!(
+                        "Attribute budget=\"{}\": {}",
                         vmtier_libvirt::metadata::size_text(t.budget.0),
                         error_chain(&e)
-                    )),
+                    ),
+                };
+                let _ = engine.set_metadata_problem(
+                    id,
+                    Some(format!("{what}; the settings in force are kept")),
                 );
                 return;
             }
@@ -460,11 +513,13 @@ impl Follower {
             let _ = engine.set_rate_limit(id, t.rate.map(|r| r.0));
         }
         info!(
-            "{id}: metadata applied (budget {} -> {}, rate {:?} -> {:?})",
+            "{id}: metadata applied (budget {} -> {}, rate {:?} -> {:?}, {} -> {} pinned ranges)",
             old.budget,
             t.budget,
             old.rate.map(|r| ByteSize(r.0)),
-            t.rate.map(|r| ByteSize(r.0))
+            t.rate.map(|r| ByteSize(r.0)),
+            old.pins.len(),
+            t.pins.len()
         );
         let _ = engine.set_metadata_problem(id, None);
         if let Some(m) = self.managed.get_mut(id) {

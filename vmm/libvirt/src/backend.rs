@@ -20,6 +20,51 @@ use vmtier_core::{ByteSize, GuestMemoryLayout, ProcessId};
 
 /// Where libvirt's system QEMU driver writes pid files.
 pub const SYSTEM_PID_DIR: &str = "/run/libvirt/qemu";
+/// The virtio-serial port name of vmtier's guest agent (docs/guest-agent.md).
+pub const AGENT_CHANNEL: &str = "org.vmtier.agent.0";
+/// The user alias that marks another unix character device (a `<serial>`: the workload
+/// guest's COM2) as the hint channel, for guests without virtio-serial.
+pub const AGENT_ALIAS: &str = "ua-vmtier-agent";
+
+/// The host socket of a domain's guest hint channel in its live XML: the `<channel
+/// type='unix'>` whose `<target type='virtio' name='org.vmtier.agent.0'/>`, or any unix
+/// `<channel>`, `<serial>` or `<console>` with `<alias name='ua-vmtier-agent'/>`; its
+/// `<source mode='bind' path=.../>` (QEMU listens there; vmtierd connects). `None` without
+/// one, or when QEMU is the client (`mode='connect'`).
+pub fn agent_socket(xml: &str) -> Option<PathBuf> {
+    fn child<'a, 'i>(n: roxmltree::Node<'a, 'i>, name: &str) -> Option<roxmltree::Node<'a, 'i>> {
+        n.children()
+            .find(|c| c.is_element() && c.tag_name().name() == name)
+    }
+    let doc = roxmltree::Document::parse(xml).ok()?;
+    let devices = doc
+        .root_element()
+        .children()
+        .find(|c| c.is_element() && c.tag_name().name() == "devices")?;
+    devices
+        .children()
+        .filter(|d| {
+            d.is_element()
+                && matches!(d.tag_name().name(), "channel" | "serial" | "console")
+                && d.attribute("type") == Some("unix")
+        })
+        .find_map(|d| {
+            let by_name = d.tag_name().name() == "channel"
+                && child(d, "target").is_some_and(|t| {
+                    t.attribute("type") == Some("virtio")
+                        && t.attribute("name") == Some(AGENT_CHANNEL)
+                });
+            let by_alias = child(d, "alias").and_then(|a| a.attribute("name")) == Some(AGENT_ALIAS);
+            if !by_name && !by_alias {
+                return None;
+            }
+            let src = child(d, "source")?;
+            if src.attribute("mode").unwrap_or("bind") != "bind" {
+                return None;
+            }
+            src.attribute("path").map(PathBuf::from)
+        })
+}
 
 /// Error finding a domain's RAM.
 #[derive(Debug, thiserror::Error)]
@@ -229,6 +274,7 @@ pub struct LibvirtBackend {
     pid: ProcessId,
     pidfd: Option<Pidfd>,
     numa: Numa,
+    agent: Option<PathBuf>,
 }
 
 impl LibvirtBackend {
@@ -248,10 +294,11 @@ impl LibvirtBackend {
                 pid,
             });
         }
-        let numa = dom
+        let xml = dom
             .get_xml_desc(0)
-            .map(|x| parse_numa(&x))
             .map_err(|e| Error::Libvirt("get domain XML", e))?;
+        let numa = parse_numa(&xml);
+        let agent = agent_socket(&xml);
         Ok(Self {
             conn,
             name: name.to_owned(),
@@ -259,7 +306,14 @@ impl LibvirtBackend {
             pid,
             pidfd,
             numa,
+            agent,
         })
+    }
+
+    /// The host socket of the domain's guest hint channel, as its live XML had it at attach
+    /// ([`agent_socket`]).
+    pub fn agent_socket(&self) -> Option<&Path> {
+        self.agent.as_deref()
     }
 
     /// QEMU's pid.
@@ -346,6 +400,48 @@ mod tests {
         ];
         for (xml, want) in cases {
             assert_eq!(parse_numa(xml), want, "{xml}");
+        }
+    }
+
+    #[test]
+    fn the_agent_channel_is_found_in_live_xml() {
+        let chan = |ty: &str, mode: &str, target: &str, alias: &str| {
+            format!(
+                "<domain><devices><serial type='pty'><target port='0'/></serial>\
+                 <channel type='{ty}'><source mode='{mode}' path='/run/a.sock'/>{target}{alias}\
+                 </channel></devices></domain>"
+            )
+        };
+        let virtio = "<target type='virtio' name='org.vmtier.agent.0' state='connected'/>";
+        let other = "<target type='virtio' name='org.qemu.guest_agent.0'/>";
+        let ua = "<alias name='ua-vmtier-agent'/>";
+        let cases: Vec<(String, Option<&str>)> = vec![
+            (
+                chan("unix", "bind", virtio, "<alias name='channel0'/>"),
+                Some("/run/a.sock"),
+            ),
+            (chan("unix", "bind", other, ""), None),
+            (chan("unix", "connect", virtio, ""), None),
+            (chan("pty", "bind", virtio, ""), None),
+            (chan("unix", "bind", other, ua), Some("/run/a.sock")),
+            (
+                "<domain><devices><serial type='unix'><source mode='bind' path='/t/h.sock'/>\
+                 <target type='isa-serial' port='1'/><alias name='ua-vmtier-agent'/></serial>\
+                 </devices></domain>"
+                    .into(),
+                Some("/t/h.sock"),
+            ),
+            (
+                "<domain><devices><channel type='unix'><target type='virtio' \
+                 name='org.vmtier.agent.0'/></channel></devices></domain>"
+                    .into(),
+                None,
+            ),
+            ("<domain/>".into(), None),
+            ("not xml".into(), None),
+        ];
+        for (xml, want) in cases {
+            assert_eq!(agent_socket(&xml).as_deref(), want.map(Path::new), "{xml}");
         }
     }
 

@@ -5,6 +5,7 @@
 //!   <vmtier:tiering xmlns:vmtier="https://vmtier.org/xmlns/libvirt/1"
 //!                   budget="4G" policy="default" rate="100M" enabled="yes">
 //!     <vmtier:param name="hot_threshold" value="2"/>
+//!     <vmtier:pin start="0x0" size="16M" tier="dram"/>
 //!   </vmtier:tiering>
 //! </metadata>
 //! ```
@@ -17,6 +18,8 @@
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
 
+use vmtier_api::hints::{BYTES_PER_S, DISTRUST_TICKS, FRAMES_PER_S, MAX_BUDGET_PERCENT};
+use vmtier_api::pin::{self, Pin, PinTier, MAX_PINS};
 use vmtier_core::ByteSize;
 
 /// The namespace URI of vmtier's metadata element.
@@ -78,6 +81,120 @@ pub enum Error {
     /// More than [`MAX_PARAMS`] parameters.
     #[error("More than {MAX_PARAMS} <param> elements")]
     TooManyParams,
+    /// More than [`MAX_PINS`] pinned ranges.
+    #[error("More than {MAX_PINS} <pin> elements")]
+    TooManyPins,
+    /// Pinned ranges that overlap or do not fit the budget.
+    #[error("Element <pin>: {0}")]
+    Pins(String),
+    /// A child that may appear once appears again.
+    #[error("Element <{0}> is given twice")]
+    Duplicate(String),
+}
+
+/// `<hints .../>`: the domain's guest hint channel settings (`[vm.hints]` without the socket,
+/// which comes from the domain's devices). Attributes left out keep `[vm.hints]`' defaults.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct HintSettings {
+    /// `enabled="no"`: the channel is not used (tiering goes on without hints).
+    pub disabled: bool,
+    /// `frames_per_s`, 1 to 1000.
+    pub frames_per_s: Option<u32>,
+    /// `bytes_per_s`, a size, 64 KiB to 16 MiB.
+    pub bytes_per_s: Option<ByteSize>,
+    /// `distrust_ticks`, 1 to 1000.
+    pub distrust_ticks: Option<u32>,
+    /// `max_budget_percent`, 0 to 100.
+    pub max_budget_percent: Option<u8>,
+}
+
+impl HintSettings {
+    /// `[vm.hints]` for `socket` with these settings; `None` when disabled.
+    pub fn config(&self, socket: std::path::PathBuf) -> Option<vmtier_api::hints::HintsConfig> {
+        if self.disabled {
+            return None;
+        }
+        let mut c = vmtier_api::hints::HintsConfig::new(socket);
+        if let Some(v) = self.frames_per_s {
+            c.frames_per_s = v;
+        }
+        if let Some(v) = self.bytes_per_s {
+            c.bytes_per_s = v;
+        }
+        if let Some(v) = self.distrust_ticks {
+            c.distrust_ticks = v;
+        }
+        if let Some(v) = self.max_budget_percent {
+            c.max_budget_percent = v;
+        }
+        Some(c)
+    }
+}
+
+/// An integer attribute of `<hints>` within `range`.
+fn hint_num<T: std::str::FromStr + PartialOrd + std::fmt::Display>(
+    attr: &str,
+    v: &str,
+    range: &std::ops::RangeInclusive<T>,
+) -> Result<T, Error> {
+    match v.parse::<T>() {
+        Ok(n) if range.contains(&n) => Ok(n),
+        _ => Err(bad(
+            &format!("hints {attr}"),
+            v,
+            format!("not an integer from {} to {}", range.start(), range.end()),
+        )),
+    }
+}
+
+/// One `<hints enabled= frames_per_s= bytes_per_s= distrust_ticks= max_budget_percent=/>`.
+fn parse_hints(node: roxmltree::Node<'_, '_>) -> Result<HintSettings, Error> {
+    let mut h = HintSettings::default();
+    for a in node.attributes() {
+        let v = a.value();
+        if !ours(a.namespace()) {
+            return Err(Error::UnknownAttribute(a.name().into(), "hints".into()));
+        }
+        match a.name() {
+            "enabled" => {
+                h.disabled = match v {
+                    "yes" => false,
+                    "no" => true,
+                    _ => return Err(bad("hints enabled", v, "expected yes or no")),
+                };
+            }
+            "frames_per_s" => h.frames_per_s = Some(hint_num("frames_per_s", v, &FRAMES_PER_S)?),
+            "distrust_ticks" => {
+                h.distrust_ticks = Some(hint_num("distrust_ticks", v, &DISTRUST_TICKS)?);
+            }
+            "max_budget_percent" => {
+                h.max_budget_percent =
+                    Some(hint_num("max_budget_percent", v, &MAX_BUDGET_PERCENT)?);
+            }
+            "bytes_per_s" => {
+                let t = v.strip_suffix("/s").unwrap_or(v);
+                match t.parse::<ByteSize>() {
+                    Ok(b) if BYTES_PER_S.contains(&b.0) => h.bytes_per_s = Some(b),
+                    _ => {
+                        return Err(bad(
+                            "hints bytes_per_s",
+                            v,
+                            format!(
+                                "not a size per second from {} to {}",
+                                ByteSize(*BYTES_PER_S.start()),
+                                ByteSize(*BYTES_PER_S.end())
+                            ),
+                        ))
+                    }
+                }
+            }
+            other => return Err(Error::UnknownAttribute(other.into(), "hints".into())),
+        }
+    }
+    if node.children().any(|c| c.is_element()) {
+        return Err(Error::UnknownElement("hints child".into()));
+    }
+    Ok(h)
 }
 
 /// A policy parameter's value, typed as TOML would type it (the policies take TOML tables).
@@ -132,6 +249,42 @@ pub struct Tiering {
     pub rate: Option<ByteSize>,
     /// `<param name= value=>` children: the policy's parameters.
     pub params: BTreeMap<String, ParamValue>,
+    /// `<pin start= size= tier=>` children: guest-physical ranges kept on one tier, in
+    /// document order.
+    pub pins: Vec<Pin>,
+    /// `<hints .../>`: the hint channel's settings (`None`: `[vm.hints]`' defaults).
+    pub hints: Option<HintSettings>,
+}
+
+/// One `<pin start="0x0" size="16M" tier="dram"/>`.
+fn parse_pin(node: roxmltree::Node<'_, '_>) -> Result<Pin, Error> {
+    let (mut start, mut size, mut tier) = (None, None, None);
+    for a in node.attributes() {
+        let v = a.value();
+        match a.name() {
+            "start" if ours(a.namespace()) => {
+                start = Some(pin::parse_gpa(v).map_err(|why| bad("pin start", v, why))?);
+            }
+            "size" if ours(a.namespace()) => {
+                let b: ByteSize = v
+                    .parse()
+                    .map_err(|_| bad("pin size", v, "not a size (16M, 2G, 4096)"))?;
+                size = Some(b);
+            }
+            "tier" if ours(a.namespace()) => {
+                tier = Some(
+                    v.parse::<PinTier>()
+                        .map_err(|why| bad("pin tier", v, why))?,
+                );
+            }
+            other => return Err(Error::UnknownAttribute(other.into(), "pin".into())),
+        }
+    }
+    Ok(Pin {
+        start: start.ok_or_else(|| Error::Missing("pin start".into()))?,
+        size: size.ok_or_else(|| Error::Missing("pin size".into()))?,
+        tier: tier.ok_or_else(|| Error::Missing("pin tier".into()))?,
+    })
 }
 
 fn name_ok(s: &str) -> bool {
@@ -187,6 +340,8 @@ impl Tiering {
             policy: None,
             rate: None,
             params: BTreeMap::new(),
+            pins: Vec::new(),
+            hints: None,
         }
     }
 
@@ -260,6 +415,8 @@ impl Tiering {
             }
         }
         let mut params = BTreeMap::new();
+        let mut pins = Vec::new();
+        let mut hints = None;
         for child in root.children() {
             if child.is_text() {
                 let t = child.text().unwrap_or("").trim();
@@ -272,6 +429,20 @@ impl Tiering {
                 continue;
             }
             let ct = child.tag_name();
+            if ct.name() == "hints" && ours(ct.namespace()) {
+                if hints.is_some() {
+                    return Err(Error::Duplicate("hints".into()));
+                }
+                hints = Some(parse_hints(child)?);
+                continue;
+            }
+            if ct.name() == "pin" && ours(ct.namespace()) {
+                if pins.len() == MAX_PINS {
+                    return Err(Error::TooManyPins);
+                }
+                pins.push(parse_pin(child)?);
+                continue;
+            }
             if ct.name() != "param" || !ours(ct.namespace()) {
                 return Err(Error::UnknownElement(ct.name().to_owned()));
             }
@@ -302,12 +473,22 @@ impl Tiering {
                 return Err(Error::DuplicateParam(name.to_owned()));
             }
         }
+        let budget = budget.ok_or_else(|| Error::Missing("budget".into()))?;
+        pin::validate(&pins, budget).map_err(|e| {
+            let mut why = e.to_string();
+            if let pin::Error::OverBudget { .. } = e {
+                let _ = write!(why, " (attribute budget=\"{}\")", size_text(budget.0));
+            }
+            Error::Pins(why)
+        })?;
         Ok(Self {
             enabled,
-            budget: budget.ok_or_else(|| Error::Missing("budget".into()))?,
+            budget,
             policy,
             rate,
             params,
+            pins,
+            hints,
         })
     }
 
@@ -325,7 +506,7 @@ impl Tiering {
         if let Some(r) = self.rate {
             let _ = write!(s, " rate=\"{}\"", size_text(r.0));
         }
-        if self.params.is_empty() {
+        if self.params.is_empty() && self.pins.is_empty() && self.hints.is_none() {
             s.push_str("/>");
             return s;
         }
@@ -337,6 +518,34 @@ impl Tiering {
                 escape(k),
                 escape(&v.text())
             );
+        }
+        for p in &self.pins {
+            let _ = write!(
+                s,
+                "<pin start=\"{:#x}\" size=\"{}\" tier=\"{}\"/>",
+                p.start.0,
+                size_text(p.size.0),
+                p.tier
+            );
+        }
+        if let Some(h) = &self.hints {
+            s.push_str("<hints");
+            if h.disabled {
+                s.push_str(" enabled=\"no\"");
+            }
+            if let Some(v) = h.frames_per_s {
+                let _ = write!(s, " frames_per_s=\"{v}\"");
+            }
+            if let Some(v) = h.bytes_per_s {
+                let _ = write!(s, " bytes_per_s=\"{}\"", size_text(v.0));
+            }
+            if let Some(v) = h.distrust_ticks {
+                let _ = write!(s, " distrust_ticks=\"{v}\"");
+            }
+            if let Some(v) = h.max_budget_percent {
+                let _ = write!(s, " max_budget_percent=\"{v}\"");
+            }
+            s.push_str("/>");
         }
         let _ = write!(s, "</{ELEMENT}>");
         s
@@ -364,14 +573,58 @@ mod tests {
         full.params.insert("flag".into(), ParamValue::Bool(true));
         full.params
             .insert("mode".into(), ParamValue::Str("x y".into()));
+        let mut pinned = t(48 << 20);
+        pinned.pins = vec![
+            Pin {
+                start: vmtier_core::GuestPhysAddr(16 << 20),
+                size: ByteSize(16 << 20),
+                tier: PinTier::Dram,
+            },
+            Pin {
+                start: vmtier_core::GuestPhysAddr(4096),
+                size: ByteSize(8192),
+                tier: PinTier::Cxl,
+            },
+        ];
+        let mut hinted = t(1 << 30);
+        hinted.hints = Some(HintSettings {
+            frames_per_s: Some(50),
+            bytes_per_s: Some(ByteSize(1 << 20)),
+            distrust_ticks: Some(10),
+            max_budget_percent: Some(25),
+            ..HintSettings::default()
+        });
+        let mut no_hints = t(1 << 30);
+        no_hints.hints = Some(HintSettings {
+            disabled: true,
+            ..HintSettings::default()
+        });
         let mut off = t(64 << 20);
         off.enabled = false;
         let cases: Vec<(String, Tiering)> = vec![
             (format!("<vmtier:tiering {NS} budget=\"4G\"/>"), t(4 << 30)),
             ("<tiering budget=\"64M\" enabled=\"no\"/>".into(), off),
             ("<tiering budget=\"1048576\"/>".into(), t(1 << 20)),
+            (
+                "<tiering budget=\"1G\"><hints frames_per_s=\"50\" bytes_per_s=\"1M/s\" \
+                 distrust_ticks=\"10\" max_budget_percent=\"25\"/></tiering>"
+                    .into(),
+                hinted,
+            ),
+            (
+                "<tiering budget=\"1G\"><hints enabled=\"no\"/></tiering>".into(),
+                no_hints,
+            ),
             ("<tiering budget=\"0\"/>".into(), t(0)),
             ("<tiering budget=\"1024T\"/>".into(), t(1 << 50)),
+            (
+                format!(
+                    "<vmtier:tiering {NS} budget=\"48M\"><vmtier:pin start=\"0x1000000\" \
+                     size=\"16M\" tier=\"dram\"/><vmtier:pin start=\"4096\" size=\"8192\" \
+                     tier=\"cxl\"/></vmtier:tiering>"
+                ),
+                pinned,
+            ),
             (
                 format!(
                     "<vmtier:tiering {NS} budget=\"4G\" policy=\"memtierd\" rate=\"100M/s\" \
@@ -456,7 +709,71 @@ mod tests {
             ),
             (
                 "<tiering budget=\"1G\"><pin start=\"0\"/></tiering>",
-                "Unknown element <pin> in <tiering>",
+                "Attribute pin size is missing",
+            ),
+            (
+                "<tiering budget=\"1G\"><pin size=\"1M\" tier=\"dram\"/></tiering>",
+                "Attribute pin start is missing",
+            ),
+            (
+                "<tiering budget=\"1G\"><pin start=\"0\" size=\"1M\"/></tiering>",
+                "Attribute pin tier is missing",
+            ),
+            (
+                "<tiering budget=\"1G\"><pin start=\"0x\" size=\"1M\" tier=\"dram\"/></tiering>",
+                "Attribute pin start=\"0x\": address \"0x\" is not 0x-hex or decimal",
+            ),
+            (
+                "<tiering budget=\"1G\"><pin start=\"0\" size=\"1Q\" tier=\"dram\"/></tiering>",
+                "Attribute pin size=\"1Q\": not a size",
+            ),
+            (
+                "<tiering budget=\"1G\"><pin start=\"0\" size=\"1M\" tier=\"hbm\"/></tiering>",
+                "Attribute pin tier=\"hbm\": expected dram or cxl",
+            ),
+            (
+                "<tiering budget=\"1G\"><pin start=\"0\" size=\"1M\" tier=\"dram\" x=\"1\"/></tiering>",
+                "Unknown attribute x on <pin>",
+            ),
+            (
+                "<tiering budget=\"48M\"><pin start=\"0x0\" size=\"64M\" tier=\"dram\"/></tiering>",
+                "Element <pin>: Pinned DRAM 64 MiB exceeds the budget 48 MiB (attribute budget=\"48M\")",
+            ),
+            (
+                "<tiering budget=\"48M\"><pin start=\"0x0\" size=\"8M\" tier=\"dram\"/><pin start=\"0x400000\" size=\"8M\" tier=\"cxl\"/></tiering>",
+                "Element <pin>: Pins 0x0+8 MiB (dram) and 0x400000+8 MiB (cxl) overlap",
+            ),
+            (
+                "<tiering budget=\"1G\"><pin start=\"0x1000\" size=\"0\" tier=\"cxl\"/></tiering>",
+                "Element <pin>: Pin 0x1000+0 B (cxl): empty",
+            ),
+            (
+                "<tiering budget=\"1G\"><pinned start=\"0\"/></tiering>",
+                "Unknown element <pinned> in <tiering>",
+            ),
+            (
+                "<tiering budget=\"1G\"><hints/><hints/></tiering>",
+                "Element <hints> is given twice",
+            ),
+            (
+                "<tiering budget=\"1G\"><hints enabled=\"off\"/></tiering>",
+                "Attribute hints enabled=\"off\": expected yes or no",
+            ),
+            (
+                "<tiering budget=\"1G\"><hints frames_per_s=\"0\"/></tiering>",
+                "Attribute hints frames_per_s=\"0\": not an integer from 1 to 1000",
+            ),
+            (
+                "<tiering budget=\"1G\"><hints max_budget_percent=\"101\"/></tiering>",
+                "Attribute hints max_budget_percent=\"101\": not an integer from 0 to 100",
+            ),
+            (
+                "<tiering budget=\"1G\"><hints bytes_per_s=\"1K\"/></tiering>",
+                "Attribute hints bytes_per_s=\"1K\": not a size per second from 64 KiB to 16 MiB",
+            ),
+            (
+                "<tiering budget=\"1G\"><hints socket=\"/x\"/></tiering>",
+                "Unknown attribute socket on <hints>",
             ),
             ("<tiering budget=\"1G\">fast</tiering>", "Unexpected text \"fast\""),
             (

@@ -1,5 +1,5 @@
 //! `vmtierctl attach NAME --budget SIZE (--qmp SOCKET [--pid PID] | --pid PID --range START:LEN...)
-//! [--hints SOCKET]`.
+//! [--hints SOCKET] [--pin START:SIZE:TIER ...]`.
 
 use std::path::PathBuf;
 
@@ -29,6 +29,9 @@ pub struct Args {
     /// The guest hint channel: QEMU's chardev socket (`[vm.hints]` with its defaults).
     #[arg(long)]
     hints: Option<PathBuf>,
+    /// Pin a guest-physical range to a tier, `START:SIZE:TIER` (`0x0:16M:dram`); repeatable.
+    #[arg(long, value_name = "START:SIZE:TIER")]
+    pin: Vec<vmtier_api::pin::Pin>,
 }
 
 fn parse_range(s: &str) -> Result<RangeConfig, String> {
@@ -55,6 +58,7 @@ pub fn run(client: &Client, a: Args) -> Result<(), Error> {
         pid: a.pid.map(ProcessId::new),
         ranges: a.range,
         hints: a.hints.map(vmtier_api::hints::HintsConfig::new),
+        pins: a.pin,
     };
     vm.validate().map_err(|e| Error::Refused(e.to_string()))?;
     let reply = client.call(&Request::Attach { vm })?;

@@ -1,7 +1,8 @@
 //! `vmtierctl dom-tier DOM [--budget SIZE] [--policy NAME] [--rate SIZE] [--enable|--disable]
-//! [--live] [--config]`: a libvirt domain's vmtier metadata, shown or changed through
+//! [--pin START:SIZE:TIER ...|--unpin] [--live] [--config]`: a libvirt domain's vmtier metadata, shown or changed through
 //! libvirt (so `virsh metadata` and vmtierctl always agree; vmtierd follows the change).
 
+use vmtier_api::pin::Pin;
 use vmtier_core::ByteSize;
 use vmtier_libvirt::conn::{self, Libvirt};
 use vmtier_libvirt::metadata::{self, Tiering};
@@ -27,6 +28,13 @@ pub struct Args {
     /// Make vmtierd leave the domain alone (`enabled="no"`).
     #[arg(long)]
     disable: bool,
+    /// Pin a guest-physical range to a tier, `START:SIZE:TIER` (`0x0:16M:dram`,
+    /// `0x40000000:1G:cxl`); repeat for several. Replaces the domain's pins.
+    #[arg(long, value_name = "START:SIZE:TIER")]
+    pin: Vec<Pin>,
+    /// Remove every pinned range.
+    #[arg(long, conflicts_with = "pin")]
+    unpin: bool,
     /// Change the running domain.
     #[arg(long)]
     live: bool,
@@ -57,6 +65,12 @@ pub fn merge(old: Option<Tiering>, a: &Args) -> Result<Tiering, String> {
     if a.disable {
         t.enabled = false;
     }
+    if !a.pin.is_empty() {
+        t.pins.clone_from(&a.pin);
+    }
+    if a.unpin {
+        t.pins.clear();
+    }
     // Checked exactly as vmtierd will read it.
     Tiering::parse(&t.to_xml()).map_err(|e| e.to_string())
 }
@@ -75,8 +89,13 @@ pub fn run(uri: &str, a: &Args) -> Result<(), Error> {
         }
         Some(Err(e)) => return Err(Error::Refused(format!("Invalid vmtier metadata: {e}"))),
     };
-    let change =
-        a.budget.is_some() || a.policy.is_some() || a.rate.is_some() || a.enable || a.disable;
+    let change = a.budget.is_some()
+        || a.policy.is_some()
+        || a.rate.is_some()
+        || a.enable
+        || a.disable
+        || !a.pin.is_empty()
+        || a.unpin;
     if !change {
         match old {
             Some(t) => println!("{}", t.to_xml()),
@@ -102,6 +121,8 @@ mod tests {
             rate: None,
             enable: false,
             disable,
+            pin: vec![],
+            unpin: false,
             live: false,
             config: false,
         }
@@ -152,6 +173,46 @@ mod tests {
                         "{a:?}"
                     );
                 }
+                (Err(e), Err(w)) => assert!(e.starts_with(w), "{e} vs {w}"),
+                (got, _) => panic!("{a:?}: {got:?}"),
+            }
+        }
+    }
+
+    #[test]
+    fn pins_parse_merge_and_are_checked_against_the_budget() {
+        let old = Tiering::with_budget(ByteSize(48 << 20));
+        let with = |pins: &[&str], unpin: bool| {
+            let mut a = args(None, None, false);
+            a.pin = pins.iter().map(|p| p.parse::<Pin>().unwrap()).collect();
+            a.unpin = unpin;
+            a
+        };
+        let mut pinned = old.clone();
+        pinned.pins = vec!["0x1000000:16M:dram".parse::<Pin>().unwrap()];
+        let cases: Vec<(Tiering, Args, Result<usize, &str>)> = vec![
+            (old.clone(), with(&["0x1000000:16M:dram"], false), Ok(1)),
+            (
+                old.clone(),
+                with(&["0:8M:dram", "8388608:1G:cxl"], false),
+                Ok(2),
+            ),
+            (pinned.clone(), with(&[], true), Ok(0)),
+            (pinned.clone(), args(Some(32 << 20), None, false), Ok(1)),
+            (
+                old.clone(),
+                with(&["0x0:64M:dram"], false),
+                Err("Element <pin>: Pinned DRAM 64 MiB exceeds the budget 48 MiB"),
+            ),
+            (
+                pinned,
+                args(Some(8 << 20), None, false),
+                Err("Element <pin>: Pinned DRAM 16 MiB exceeds the budget 8 MiB"),
+            ),
+        ];
+        for (o, a, want) in cases {
+            match (merge(Some(o), &a), want) {
+                (Ok(t), Ok(n)) => assert_eq!(t.pins.len(), n, "{a:?}"),
                 (Err(e), Err(w)) => assert!(e.starts_with(w), "{e} vs {w}"),
                 (got, _) => panic!("{a:?}: {got:?}"),
             }

@@ -1,4 +1,5 @@
-//! `vmtierctl tiering VM [--budget SIZE] [--policy NAME] [--params JSON] [--enable|--disable]`:
+//! `vmtierctl tiering VM [--budget SIZE] [--policy NAME] [--params JSON] [--enable|--disable]
+//! [--pin START:SIZE:TIER ...|--unpin]`:
 //! shows a VM's tiering settings, or changes them (all or nothing).
 
 use vmtier_api::proto::{Reply, Request, Tiering, TieringChange};
@@ -25,6 +26,13 @@ pub struct Args {
     /// Pause: ticks leave the VM's pages where they are.
     #[arg(long)]
     disable: bool,
+    /// Pin a guest-physical range to a tier, `START:SIZE:TIER` (`0x0:16M:dram`,
+    /// `0x40000000:1G:cxl`); repeatable; replaces the VM's pins.
+    #[arg(long, value_name = "START:SIZE:TIER")]
+    pin: Vec<vmtier_api::pin::Pin>,
+    /// Remove every pinned range.
+    #[arg(long, conflicts_with = "pin")]
+    unpin: bool,
 }
 
 fn parse_params(s: &str) -> Result<serde_json::Map<String, serde_json::Value>, String> {
@@ -46,6 +54,11 @@ fn request(a: &Args) -> Request {
             (_, true) => Some(false),
             _ => None,
         },
+        pins: match (a.pin.is_empty(), a.unpin) {
+            (false, _) => Some(a.pin.clone()),
+            (true, true) => Some(Vec::new()),
+            (true, false) => None,
+        },
     };
     if change.is_empty() {
         Request::Tiering { vm: a.vm.clone() }
@@ -63,8 +76,9 @@ fn render(vm: &VmId, t: &Tiering) -> String {
         || "daemon's".to_owned(),
         |p| serde_json::Value::Object(p.clone()).to_string(),
     );
+    let pins: String = t.pins.iter().map(|p| format!(", pinned {p}")).collect();
     format!(
-        "{vm}: budget {}, policy {} (params {params}), {}\n",
+        "{vm}: budget {}, policy {} (params {params}), {}{pins}\n",
         ByteSize(t.budget_bytes),
         t.policy,
         if t.enabled { "enabled" } else { "paused" }
@@ -131,6 +145,7 @@ mod tests {
             policy: "default".into(),
             params: None,
             enabled: false,
+            pins: vec![],
         };
         assert_eq!(
             render(&"web1".parse().unwrap(), &t),

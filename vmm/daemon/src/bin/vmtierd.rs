@@ -134,11 +134,8 @@ fn main() -> ExitCode {
         buckets: cfg.api.heatmap_buckets,
     });
     for vm in &cfg.vms {
-        let r = parts::build(&cfg, vm).and_then(|p| {
-            engine
-                .attach(vm.name.clone(), vm.budget, p)
-                .map_err(|e| chain(&e))
-        });
+        let r =
+            parts::build(&cfg, vm).and_then(|p| engine.attach_config(vm, p).map_err(|e| chain(&e)));
         if let Err(e) = r {
             // The other VMs are still managed; this one can be attached later.
             error!("{}: not managed: {e}", vm.name);
