@@ -164,7 +164,7 @@ fn time_hybrid(pages_log2: u32, rng: &mut Rng) -> Result<Hybrid, sim::Error> {
         let plan = p.plan(&input);
         let mut e = plan.enforce(store.records(), fast_budget, max_moves);
         let move_pages = max_moves * 512;
-        let fitted = store.fit(&mut e, budget, move_pages, hot_min);
+        let fitted = store.fit(&mut e, budget, move_pages, hot_min, |_| false);
         let ups = store.touch_up_plan(hot_min, budget, move_pages - fitted);
         plan_ms += t.elapsed().as_secs_f64() * 1e3;
         for &g in &e.demote {

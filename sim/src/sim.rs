@@ -851,7 +851,13 @@ pub fn run_logged(
         let mut moved = 0u64;
         let stamp_now = tick + 1;
         let mut e = plan.enforce(records, budget, max_moves);
-        let fitted = store.fit(&mut e, budget_pages * page_bytes, moves_pages, hot_min);
+        let fitted = store.fit(
+            &mut e,
+            budget_pages * page_bytes,
+            moves_pages,
+            hot_min,
+            |_| false,
+        );
         res.plan_violations += e.invalid + e.deferred;
         let moves = e
             .demote

@@ -1240,10 +1240,11 @@ fn tick_vm(
     drop(masked);
     // Hybrid tracking: the budget in pages is the hard limit, the moves are counted in pages.
     // The store's pages include pinned ones; what fit forces out is never a DRAM pin.
-    let fitted = vm.store.fit(&mut e, vm.budget_bytes, move_pages, hot_min);
-    if !vm.pins_at.is_empty() {
-        e.demote.retain(|&g| !vm.pins_at.is_fast(g));
-    }
+    let fitted = vm
+        .store
+        .fit(&mut e, vm.budget_bytes, move_pages, hot_min, |g| {
+            vm.pins_at.is_fast(g)
+        });
     vm.metrics.deferred_granules += e.deferred;
     if e.invalid > 0 {
         debug!(
@@ -3087,6 +3088,63 @@ mod tests {
             }
         }
     }
+
+    #[test]
+    fn hybrid_tracking_keeps_a_dram_pin_whole_beside_split_regions() {
+        // 32 regions with 64 KiB hot each (2 MiB of hot pages, split with hybrid tracking) and
+        // a cold 2 MiB region pinned to DRAM; budget 4 MiB: the pin moves whole and stays, and
+        // the hot pages fill the rest.
+        let len = 256 * MIB;
+        let hot: Vec<(u64, u64, u32)> = (0..32u64)
+            .map(|k| (64 * MIB + k * 4 * MIB + 128 * 1024, 64 * 1024, 20))
+            .collect();
+        let w = world(len);
+        let mut e = engine(&w, 1000);
+        e.cfg.detail_percent = 30;
+        let parts = VmParts {
+            backend: Box::new(FakeBackend(Arc::new(Mutex::new(Some(one_range(7, len)))))),
+            source: {
+                let src = RangesSource(hot.clone(), len);
+                Box::new(move |_| Ok((Box::new(src) as Box<dyn HotnessSource>, "r".into())))
+            },
+            policy: vmtier_policies::registry::build("default", None).unwrap(),
+            hints: None,
+        };
+        let vm: VmId = "g".parse().unwrap();
+        e.attach(vm.clone(), ByteSize(4 * MIB), parts).unwrap();
+        for _ in 0..6 {
+            e.tick();
+        }
+        e.set_pins(&vm, vec![pin(200 * MIB, 2 * MIB, PinTier::Dram)])
+            .unwrap();
+        let mut held = false;
+        for t in 1..=12 {
+            e.tick();
+            assert!(dram_bytes(&w) <= 4 * MIB, "tick {t}: over budget");
+            let full = pages_in_dram(&w, 200 * MIB, 2 * MIB) == 512;
+            assert!(!held || full, "tick {t}: the pinned region left DRAM");
+            held |= full;
+        }
+        assert!(held, "the pinned region never reached DRAM");
+        let in_dram: u64 = hot.iter().map(|&(o, l, _)| hot_in_dram(&w, o, l)).sum();
+        assert!(
+            in_dram >= 3 * MIB / 2,
+            "{} KiB of hot pages in DRAM beside the pin",
+            in_dram / 1024
+        );
+        // A budget cut to the pin alone: the hot pages go, the (cold) pin stays.
+        e.set_budget(&vm, ByteSize(2 * MIB)).unwrap();
+        for t in 1..=6 {
+            e.tick();
+            assert_eq!(
+                pages_in_dram(&w, 200 * MIB, 2 * MIB),
+                512,
+                "tick {t} after the cut: the pinned region left DRAM"
+            );
+        }
+        assert!(dram_bytes(&w) <= 2 * MIB, "over the cut budget");
+    }
+
     fn pin(start: u64, size: u64, tier: PinTier) -> Pin {
         Pin {
             start: GuestPhysAddr(start),

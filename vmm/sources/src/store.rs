@@ -467,9 +467,17 @@ impl HotnessStore {
     }
 
     /// Hybrid tracking: trims an enforced plan to `budget_bytes` of DRAM and `move_pages`
-    /// pages moved ([`hybrid::fit`]); returns the pages it moves. Nothing without hybrid
-    /// tracking (returns 0).
-    pub fn fit(&self, e: &mut Enforced, budget_bytes: u64, move_pages: u64, hot_min: u8) -> u64 {
+    /// pages moved ([`hybrid::fit`]); returns the pages it moves. Granules for which `held`
+    /// is true (pinned in DRAM) count as used but are never forced out. Nothing without
+    /// hybrid tracking (returns 0).
+    pub fn fit(
+        &self,
+        e: &mut Enforced,
+        budget_bytes: u64,
+        move_pages: u64,
+        hot_min: u8,
+        held: impl Fn(Granule) -> bool,
+    ) -> u64 {
         if self.detail.is_none() {
             return 0;
         }
@@ -480,6 +488,7 @@ impl HotnessStore {
             .enumerate()
             .filter(|(_, r)| r.is_fast())
             .map(|(i, r)| (r.heat(), Granule(u32::try_from(i).unwrap_or(u32::MAX))))
+            .filter(|&(_, g)| !held(g))
             .collect();
         fast.sort_unstable();
         let promote_cost = |g: Granule| match self.detail(g) {
