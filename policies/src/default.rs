@@ -26,7 +26,7 @@ use vmtier_core::policy::{
     HeatRecord, HintKind, PlacementPolicy, Plan, PolicyInput, TrackingSource,
 };
 
-use crate::payback::{self, Payback};
+use crate::payback::{self, History};
 use crate::select::{self, Rules, BUCKETS};
 
 /// Parameters of the default policy.
@@ -55,14 +55,14 @@ pub struct Config {
     /// Free DRAM kept for fast reaction, permille of the budget: cold (below
     /// `promote_min_heat`) settled granules are demoted with moves left over in a tick.
     pub headroom_permille: u32,
-    /// Horizon in ticks over which a promotion must pay back its move (1..=255; 0 turns the
-    /// cost/benefit rule and the adaptive hot threshold off). [`crate::payback`]: with
-    /// `promote_min_heat` the heat at which a 4 KiB move pays back, a granule whose move costs
-    /// `R` times as much (by the `move_pages` bandwidth) needs `2·log2(R)` more heat, less
-    /// `2·log2(payback_ticks)` if its heat is sustained (above one tick's worth); a swap needs
-    /// 2 more. Default 2: at 2 MiB granules, only heat seen in two consecutive ticks (≥ 17) is
-    /// promoted; at 4 KiB, heat 4 as before.
-    pub payback_ticks: u8,
+    /// Heat (0..=31) that, reached in two consecutive ticks, makes a granule's heat
+    /// *sustained* ([`crate::payback`]). Where one tick of observation cannot pay back a move
+    /// (granules above 64 KiB: a 2 MiB move costs 154 times a 4 KiB one), a slow granule is
+    /// promoted or swapped in only with sustained heat — or heat above one tick's worth
+    /// (> 16) — so a one-off touch (a sweep, a scan) never moves it. Default 9: one tick's
+    /// heat has halved to 8 at most the tick after. 0 turns the rule and the budget-sized
+    /// hot bin off. Scaled to weaker sources like `swap_margin`.
+    pub sustain_heat: u8,
 }
 
 impl Default for Config {
@@ -74,8 +74,19 @@ impl Default for Config {
             min_move_age: 3,
             hot_hint_heat: 20,
             headroom_permille: 0,
-            payback_ticks: 2,
+            sustain_heat: 12,
         }
+    }
+}
+
+impl Config {
+    /// Whether a slow granule of `granule_bytes` needs sustained heat to be promoted, for a
+    /// source whose tick gives at most `max_gain` (16 for DAMON and accessed-bit scans).
+    pub fn needs_sustained(&self, granule_bytes: u64, max_gain: u8) -> bool {
+        let r = [HeatRecord::default()];
+        let mut input = PolicyInput::from_records(0, granule_bytes, &r, 1, 1);
+        input.max_gain = max_gain;
+        self.sustain_heat > 0 && !payback::one_tick_pays(&input, self.promote_min_heat)
     }
 }
 
@@ -83,12 +94,16 @@ impl Default for Config {
 #[derive(Clone, Debug, Default)]
 pub struct DefaultPolicy {
     cfg: Config,
+    history: History,
 }
 
 impl DefaultPolicy {
     /// A default policy with `cfg`.
     pub fn new(cfg: Config) -> Self {
-        Self { cfg }
+        Self {
+            cfg,
+            history: History::default(),
+        }
     }
 }
 
@@ -129,10 +144,9 @@ impl<'a> HintCursor<'a> {
             .filter(|h| h.start.index() <= i)
     }
 
-    /// Granule `i`'s rank: its heat raised by a hot or pinned hint, cleared by a cold or
-    /// free one.
-    fn key(&mut self, i: usize, r: HeatRecord) -> u8 {
-        let base = r.heat();
+    /// Granule `i`'s rank: `base` (its heat, or less if it cannot pay back a move) raised by
+    /// a hot or pinned hint, cleared by a cold or free one.
+    fn key(&mut self, i: usize, base: u8) -> u8 {
         if self.hints.is_empty() {
             return base;
         }
@@ -215,27 +229,59 @@ impl PlacementPolicy for DefaultPolicy {
                 .saturating_mul(u64::from(self.cfg.headroom_permille.min(1000)))
                 / 1000,
         };
-        if self.cfg.payback_ticks > 0 {
-            // A promotion must pay back its move (crate::payback).
-            let p = Payback::new(input, self.cfg.promote_min_heat, self.cfg.payback_ticks);
-            rules.min_promote = rules.min_promote.max(p.fill_min);
-            rules.swap_min = rules.swap_min.max(p.swap_min);
+        // Where one tick cannot pay back a move, only sustained heat promotes
+        // (crate::payback); the previous tick's heat is the one bit per granule kept.
+        let on = self.cfg.sustain_heat > 0;
+        let needs = on && !payback::one_tick_pays(input, self.cfg.promote_min_heat);
+        if needs {
+            self.history.align(input);
+        } else {
+            self.history.clear();
         }
+        let sustain = input.scaled_heat(self.cfg.sustain_heat);
+        let cap = rules.min_promote.saturating_sub(1);
+        let hist = &self.history;
+        let base = |i: usize, r: HeatRecord| -> u8 {
+            let h = r.heat();
+            if needs
+                && !r.is_fast()
+                && !payback::sustained(h, hist.was_hot(i), sustain, input.max_gain)
+            {
+                h.min(cap)
+            } else {
+                h
+            }
+        };
         let use_hints = self.cfg.hot_hint_heat > 0 && !input.hints.is_empty();
         let hot_heat = if use_hints { self.cfg.hot_hint_heat } else { 0 };
         let mut a = HintCursor::new(input, hot_heat, use_hints);
-        let h = select::histogram(input.records, rules.min_move_age, |i, r| a.key(i, r));
-        if self.cfg.payback_ticks > 0 {
+        let h = select::histogram(input.records, rules.min_move_age, |i, r| {
+            a.key(i, base(i, r))
+        });
+        if on {
             // Residents in the budget-sized hot bin are never swap victims.
             rules.demote_below = payback::hot_threshold(&h, input.fast_budget);
         }
         let q = select::quotas(&h, input.fast_budget, input.max_moves, &rules);
         let mut b = HintCursor::new(input, hot_heat, use_hints);
-        let mut plan = select::collect(input.records, rules.min_move_age, |i, r| b.key(i, r), q);
+        let mut plan = select::collect(
+            input.records,
+            rules.min_move_age,
+            |i, r| b.key(i, base(i, r)),
+            q,
+        );
         if use_hints {
             free_first(input, rules.min_move_age, &mut plan);
         }
-        select::fit(input, &plan)
+        let plan = select::fit(input, &plan);
+        if needs {
+            self.history.remember(input, sustain);
+        }
+        plan
+    }
+
+    fn state_bytes(&self) -> u64 {
+        self.history.bytes()
     }
 }
 
@@ -489,21 +535,43 @@ mod tests {
     const MIB2: u64 = 2 << 20;
 
     #[test]
+    fn needs_sustained_table() {
+        // (granule bytes, max gain, sustain_heat) -> sustained heat needed
+        for (bytes, gain, sustain_heat, want) in [
+            (4096u64, 16u8, 9u8, false),
+            (65536, 16, 9, false),
+            (MIB2, 16, 9, true),
+            (MIB2, 3, 9, true),
+            (MIB2, 16, 0, false),
+        ] {
+            let cfg = Config {
+                sustain_heat,
+                ..Config::default()
+            };
+            assert_eq!(
+                cfg.needs_sustained(bytes, gain),
+                want,
+                "{bytes} B gain {gain}"
+            );
+        }
+    }
+
+    #[test]
     fn a_sweep_touched_granule_never_fills_spare_budget() {
         // 64 granules of 2 MiB: a hot set of 8 seen in every sample of every tick, a budget of
         // 16 (8 spare), and a background sweep that passes over one other granule per tick,
         // seen in `sweep` of the samples of that tick (or, straddling a tick boundary, in two
-        // ticks). (name, payback_ticks, sweep gains over its ticks, sweep granules promoted)
+        // ticks). (name, sustain_heat, sweep gains over its ticks, sweep granules promoted)
         let cases: [(&str, u8, &[u8], bool); 5] = [
-            ("whole tick", 2, &[16], false),
-            ("a third of a tick", 2, &[13], false),
-            ("straddling two ticks", 2, &[11, 11], false),
-            ("straddling, a long horizon", 8, &[11, 11], false),
-            ("the old rule fills spare DRAM with it", 0, &[13], true),
+            ("whole tick", 9, &[16], false),
+            ("a third of a tick", 9, &[13], false),
+            ("straddling two ticks", 9, &[8, 8], false),
+            ("straddling, 6 and 13", 9, &[6, 13], false),
+            ("the rule off: it fills spare DRAM", 0, &[13], true),
         ];
-        for (name, horizon, sweep, want) in cases {
+        for (name, sustain_heat, sweep, want) in cases {
             let cfg = Config {
-                payback_ticks: horizon,
+                sustain_heat,
                 ..Config::default()
             };
             let n = 64usize;
@@ -537,16 +605,19 @@ mod tests {
 
     #[test]
     fn a_steadily_hot_granule_is_promoted_within_its_payback() {
-        // (granule bytes, gain every tick, tick of the promotion): at 2 MiB heat must exceed one
-        // tick's (16, 24: the second tick); at 4 KiB heat 4 pays back at once.
+        // (granule bytes, gain every tick, tick of the promotion): at 2 MiB heat must be
+        // sustained, ≥ 12 in two consecutive ticks (16, 24: the second tick); a granule seen in
+        // 1.5% of the samples (gain 6, heat 11 at most) never pays back a 2 MiB move. At 4 KiB
+        // heat 4 pays back at once.
         for (bytes, g, want) in [
-            (MIB2, 16u8, 1u64),
-            (MIB2, 12, 1),
-            (MIB2, 10, 2),
-            (MIB2, 9, 4),
-            (4096, 16, 0),
-            (4096, 4, 0),
-            (4096, 3, 1),
+            (MIB2, 16u8, Some(1u64)),
+            (MIB2, 12, Some(1)),
+            (MIB2, 8, Some(2)),
+            (MIB2, 7, Some(3)),
+            (MIB2, 6, None),
+            (4096, 16, Some(0)),
+            (4096, 4, Some(0)),
+            (4096, 3, Some(1)),
         ] {
             let (_, moves) = replay(
                 Config::default(),
@@ -557,7 +628,8 @@ mod tests {
                 8,
                 |_, i| if i == 0 { g } else { 0 },
             );
-            assert_eq!(moves[0], vec![(want, true)], "{bytes} B, gain {g}");
+            let want: Vec<_> = want.map(|t| (t, true)).into_iter().collect();
+            assert_eq!(moves[0], want, "{bytes} B, gain {g}");
             assert!(moves[1..].iter().all(Vec::is_empty), "{bytes} B, gain {g}");
         }
     }
