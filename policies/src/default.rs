@@ -55,14 +55,13 @@ pub struct Config {
     /// Free DRAM kept for fast reaction, permille of the budget: cold (below
     /// `promote_min_heat`) settled granules are demoted with moves left over in a tick.
     pub headroom_permille: u32,
-    /// Heat (0..=31) that, reached in two consecutive ticks, makes a granule's heat
-    /// *sustained* ([`crate::payback`]). Where one tick of observation cannot pay back a move
-    /// (granules above 64 KiB: a 2 MiB move costs 154 times a 4 KiB one), a slow granule is
-    /// promoted or swapped in only with sustained heat — or heat above one tick's worth
-    /// (> 16) — so a one-off touch (a sweep, a scan) never moves it. Default 9: one tick's
-    /// heat has halved to 8 at most the tick after. 0 turns the rule and the budget-sized
-    /// hot bin off. Scaled to weaker sources like `swap_margin`.
-    pub sustain_heat: u8,
+    /// Where one tick of observation cannot pay back a move (granules above 512 KiB: a
+    /// 2 MiB move costs 154 times a 4 KiB one), rank slow granules by their *sustained*
+    /// heat — the lower of this tick's and the last tick's, 0 if not seen this tick — so a
+    /// one-off touch (a sweep, a scan) never moves a granule ([`crate::payback`]). Costs 1
+    /// byte per granule of history there. `false`: rank by heat alone (before 2026-11-23),
+    /// and no budget-sized hot bin either.
+    pub sustained_heat: bool,
 }
 
 impl Default for Config {
@@ -74,7 +73,7 @@ impl Default for Config {
             min_move_age: 3,
             hot_hint_heat: 20,
             headroom_permille: 0,
-            sustain_heat: 12,
+            sustained_heat: true,
         }
     }
 }
@@ -86,7 +85,7 @@ impl Config {
         let r = [HeatRecord::default()];
         let mut input = PolicyInput::from_records(0, granule_bytes, &r, 1, 1);
         input.max_gain = max_gain;
-        self.sustain_heat > 0 && !payback::one_tick_pays(&input, self.promote_min_heat)
+        self.sustained_heat && !payback::one_tick_pays(&input, self.promote_min_heat)
     }
 }
 
@@ -229,27 +228,21 @@ impl PlacementPolicy for DefaultPolicy {
                 .saturating_mul(u64::from(self.cfg.headroom_permille.min(1000)))
                 / 1000,
         };
-        // Where one tick cannot pay back a move, only sustained heat promotes
-        // (crate::payback); the previous tick's heat is the one bit per granule kept.
-        let on = self.cfg.sustain_heat > 0;
+        // Where one tick cannot pay back a move, slow granules rank by the heat they
+        // sustained over two ticks (crate::payback); the previous tick's heat is kept.
+        let on = self.cfg.sustained_heat;
         let needs = on && !payback::one_tick_pays(input, self.cfg.promote_min_heat);
         if needs {
             self.history.align(input);
         } else {
             self.history.clear();
         }
-        let sustain = input.scaled_heat(self.cfg.sustain_heat);
-        let cap = rules.min_promote.saturating_sub(1);
         let hist = &self.history;
         let base = |i: usize, r: HeatRecord| -> u8 {
-            let h = r.heat();
-            if needs
-                && !r.is_fast()
-                && !payback::sustained(h, hist.was_hot(i), sustain, input.max_gain)
-            {
-                h.min(cap)
+            if needs && !r.is_fast() {
+                payback::sustained(r.heat(), hist.prev(i))
             } else {
-                h
+                r.heat()
             }
         };
         let use_hints = self.cfg.hot_hint_heat > 0 && !input.hints.is_empty();
@@ -275,7 +268,7 @@ impl PlacementPolicy for DefaultPolicy {
         }
         let plan = select::fit(input, &plan);
         if needs {
-            self.history.remember(input, sustain);
+            self.history.remember(input);
         }
         plan
     }
@@ -535,17 +528,34 @@ mod tests {
     const MIB2: u64 = 2 << 20;
 
     #[test]
+    fn a_hot_hint_needs_no_second_tick_at_2_mib() {
+        // A cold slow 2 MiB granule under a full hot hint is promoted into free room at the
+        // first tick (a hint claims use that goes on); without the hint, heat 16 seen once is
+        // not. (hint, heat) -> promoted
+        for (hinted, heat, want) in [(true, 0u8, true), (false, 16, false), (false, 0, false)] {
+            let r = vec![HeatRecord::new(heat, Tier::Slow, HeatRecord::SETTLED)];
+            let hints = [hint(0, 1, HintKind::Hot, 255)];
+            let mut input = PolicyInput::from_records(0, MIB2, &r, 1, 10);
+            if hinted {
+                input.hints = &hints;
+            }
+            let plan = DefaultPolicy::default().plan(&input);
+            assert_eq!(!plan.promote.is_empty(), want, "hint {hinted} heat {heat}");
+        }
+    }
+
+    #[test]
     fn needs_sustained_table() {
-        // (granule bytes, max gain, sustain_heat) -> sustained heat needed
-        for (bytes, gain, sustain_heat, want) in [
-            (4096u64, 16u8, 9u8, false),
-            (65536, 16, 9, false),
-            (MIB2, 16, 9, true),
-            (MIB2, 3, 9, true),
-            (MIB2, 16, 0, false),
+        // (granule bytes, max gain, sustained_heat) -> sustained heat needed
+        for (bytes, gain, sustained_heat, want) in [
+            (4096u64, 16u8, true, false),
+            (65536, 16, true, false),
+            (MIB2, 16, true, true),
+            (MIB2, 3, true, true),
+            (MIB2, 16, false, false),
         ] {
             let cfg = Config {
-                sustain_heat,
+                sustained_heat,
                 ..Config::default()
             };
             assert_eq!(
@@ -561,17 +571,19 @@ mod tests {
         // 64 granules of 2 MiB: a hot set of 8 seen in every sample of every tick, a budget of
         // 16 (8 spare), and a background sweep that passes over one other granule per tick,
         // seen in `sweep` of the samples of that tick (or, straddling a tick boundary, in two
-        // ticks). (name, sustain_heat, sweep gains over its ticks, sweep granules promoted)
-        let cases: [(&str, u8, &[u8], bool); 5] = [
-            ("whole tick", 9, &[16], false),
-            ("a third of a tick", 9, &[13], false),
-            ("straddling two ticks", 9, &[8, 8], false),
-            ("straddling, 6 and 13", 9, &[6, 13], false),
-            ("the rule off: it fills spare DRAM", 0, &[13], true),
+        // ticks). (name, sustained_heat, sweep gains over its ticks, sweep granules promoted)
+        let cases: [(&str, bool, &[u8], bool); 5] = [
+            ("whole tick", true, &[16], false),
+            ("a third of a tick", true, &[13], false),
+            ("one sample hit", true, &[3], false),
+            // Seen in two ticks running is use the rule cannot tell from a working set's
+            // first ticks (documented): it is promoted.
+            ("straddling two ticks", true, &[8, 8], true),
+            ("the rule off: it fills spare DRAM", false, &[13], true),
         ];
-        for (name, sustain_heat, sweep, want) in cases {
+        for (name, sustained_heat, sweep, want) in cases {
             let cfg = Config {
-                sustain_heat,
+                sustained_heat,
                 ..Config::default()
             };
             let n = 64usize;
@@ -606,15 +618,14 @@ mod tests {
     #[test]
     fn a_steadily_hot_granule_is_promoted_within_its_payback() {
         // (granule bytes, gain every tick, tick of the promotion): at 2 MiB heat must be
-        // sustained, ≥ 12 in two consecutive ticks (16, 24: the second tick); a granule seen in
-        // 1.5% of the samples (gain 6, heat 11 at most) never pays back a 2 MiB move. At 4 KiB
-        // heat 4 pays back at once.
+        // sustained, seen in two ticks (16, 24: the second tick; 3, 4: the third); gain 2
+        // settles at heat 3, below `promote_min_heat`. At 4 KiB heat 4 pays back at once.
         for (bytes, g, want) in [
             (MIB2, 16u8, Some(1u64)),
-            (MIB2, 12, Some(1)),
-            (MIB2, 8, Some(2)),
-            (MIB2, 7, Some(3)),
-            (MIB2, 6, None),
+            (MIB2, 8, Some(1)),
+            (MIB2, 4, Some(1)),
+            (MIB2, 3, Some(2)),
+            (MIB2, 2, None),
             (4096, 16, Some(0)),
             (4096, 4, Some(0)),
             (4096, 3, Some(1)),
@@ -643,21 +654,20 @@ mod tests {
         // (8 spare), 8 moves a tick. (granule bytes, cold, sweep, granules promoted after a
         // demotion: None = some, only the hot set moves)
         let cases = [
-            // 2 MiB: neither cold noise nor the sweep is sustained past 16, so nothing but the
-            // hot set moves, and the hot set is never displaced.
-            (MIB2, 2u8, 8u64, Some(0usize), true),
-            (MIB2, 2, 20, Some(0), true),
-            // Lukewarm noise (up to gain 6: heat up to 12) plus a sweep touch reaches 17+:
-            // such a granule may be promoted into spare DRAM, but none comes back after a
-            // demotion and the hot set stays.
+            // 2 MiB: neither cold noise (gain ≤ 1) nor the sweep's one-off is sustained, so
+            // nothing but the hot set moves, and the hot set is never displaced.
+            (MIB2, 1u8, 8u64, Some(0usize), true),
+            (MIB2, 1, 20, Some(0), true),
+            // Lukewarm noise (gain up to 6, heat up to 12) is steady use: such granules may
+            // fill spare DRAM, but none comes back after a demotion and the hot set stays.
             (MIB2, 6, 20, Some(0), false),
-            (MIB2, 6, 0, Some(0), true),
-            // 4 KiB, cold noise (heat < 4) and no sweep: nothing but the hot set moves.
-            (4096, 2, 0, Some(0), true),
+            (MIB2, 6, 0, Some(0), false),
+            // 4 KiB, cold noise (gain ≤ 1, heat < 4) and no sweep: nothing but the hot set moves.
+            (4096, 1, 0, Some(0), true),
             // 4 KiB with the sweep: a 4 KiB move is cheap enough that heat 13 pays back, so
             // swept granules cycle through the spare DRAM (docs/policies.md); the hot set
             // still stays.
-            (4096, 2, 20, None, false),
+            (4096, 1, 20, None, false),
         ];
         for (bytes, cold, sweep, want, only_hot) in cases {
             let gain = |t: u64, i: usize| -> u8 {

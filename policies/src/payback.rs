@@ -20,22 +20,24 @@
 //! matters twice: DAMON reads one accessed bit for the whole 2 MiB, so one touched 4 KiB page
 //! makes the granule look as hot as 512.
 //!
-//! **Persistence.** Such a granule is promoted only once its heat is *sustained*: at or above
-//! `sustain_heat` (9) in two consecutive ticks, or above what one tick can give (> 16). 9 is
-//! chosen so that a one-off never qualifies: one tick's 16 at most has halved to 8 the tick
-//! after. The previous tick's `heat ≥ sustain_heat` is the one bit per granule the policy
-//! keeps ([`History`]); heat alone cannot tell a decaying one-off (16, 8) from a steady
-//! lukewarm granule (8, 8). Sustained heat is expected to go on, and a granule that stays hot
-//! tick after tick is dense (a working set, not one page of it: sparse use of a 2 MiB page
-//! does not stay hot once DAMON's regions split around it), so its benefit grows with its pages
-//! like its cost, and a 2 MiB move costs a third of 512 4 KiB ones per page: it pays back from
-//! the same `promote_min_heat` within a tick or two of being promoted. A steadily hot granule is
-//! thus promoted at the second tick it is seen (heat 16, then 24 with THP; ≥ 9 twice on 4 KiB
-//! pages, where a hot 2 MiB granule reads 10–20% of samples).
+//! **Persistence.** Such a slow granule is ranked by its *sustained* heat ([`sustained`]):
+//! the lower of its heat now and its heat a tick ago, and nothing if it was not seen this
+//! tick. The previous tick's heat is the one byte per granule the policy keeps ([`History`]),
+//! only where this rule applies: heat alone cannot tell a decaying one-off (16, then 8) from a
+//! steady granule (8, 8), nor a touch on top of a lukewarm granule from a hot one. A one-off
+//! then counts for nothing — the tick before it the heat was the granule's own, the tick after
+//! it was not seen — a steady rate for its heat from the second tick it is seen (16, then 24:
+//! 16), a weak one as well (5% of 20 samples: 3, 4, 5: 4 at the third), a granule seen every
+//! other tick for its quiet tick's heat, and a sweep passing over a lukewarm granule for the
+//! lukewarm heat alone. Sustained heat is expected to go on, and a granule that stays hot tick
+//! after tick is used densely (sparse use of a 2 MiB page does not stay hot once DAMON's
+//! regions split around it), so its benefit grows with its pages as its cost does — per page a
+//! 2 MiB move costs a third of a 4 KiB one — and it pays back from the same
+//! `promote_min_heat` within a tick or two.
 //!
-//! At 4 KiB and up to 64 KiB one tick's heat can pay back a move, so nothing changes there,
-//! and no history is kept. The simulator backs that: on every trace in the suite, requiring
-//! sustained heat at 4 KiB loses hit ratio (docs/policies.md).
+//! At 4 KiB and up to 512 KiB one tick's heat can pay back a move: nothing changes there and
+//! no history is kept. The simulator backs that: on the suite's traces, ranking 4 KiB pages by
+//! sustained heat loses hit ratio (docs/policies.md).
 //!
 //! **Adaptive hot threshold.** As Memtis sizes its hot bin to the fast tier (SOSP'23), the hot
 //! threshold `T` is the lowest heat such that all granules at or above it fit the budget
@@ -81,65 +83,62 @@ pub fn one_tick_pays(input: &PolicyInput<'_>, heat_4k: u8) -> bool {
     cost <= input.max_gain
 }
 
-/// One bit per granule: the granule's heat was at or above the sustain heat in the tick
-/// before. Cleared (no granule sustained) when the granule count changes or a tick was
-/// skipped, so stale history never promotes anything.
+/// Every granule's heat as the policy saw it in the tick before (1 byte per granule, kept
+/// only where one tick cannot pay back a move). Cleared when the granule count changes or a
+/// tick was skipped, so stale history never promotes anything.
 #[derive(Clone, Debug, Default)]
 pub struct History {
-    bits: Vec<u64>,
-    granules: usize,
+    heat: Vec<u8>,
     tick: Option<u64>,
 }
 
 impl History {
-    /// Whether granule `i` was at or above the sustain heat in the previous tick.
-    pub fn was_hot(&self, i: usize) -> bool {
-        self.bits
-            .get(i / 64)
-            .is_some_and(|w| w & (1u64 << (i % 64)) != 0)
+    /// Granule `i`'s heat in the previous tick, if known.
+    pub fn prev(&self, i: usize) -> Option<u8> {
+        self.heat.get(i).copied()
     }
 
     /// Makes the history fit `input`: cleared unless it is of the tick right before, over the
     /// same number of granules.
     pub fn align(&mut self, input: &PolicyInput<'_>) {
-        let n = input.records.len();
         let follows = self.tick.and_then(|t| t.checked_add(1)) == Some(input.tick);
-        if !follows || self.granules != n {
-            self.bits.clear();
-            self.bits.resize(n.div_ceil(64), 0);
-            self.granules = n;
+        if !follows || self.heat.len() != input.records.len() {
+            self.heat.clear();
         }
     }
 
-    /// Records this tick's `heat ≥ sustain` for the next tick.
-    pub fn remember(&mut self, input: &PolicyInput<'_>, sustain: u8) {
-        let n = input.records.len();
-        self.bits.clear();
-        self.bits.resize(n.div_ceil(64), 0);
-        for (i, r) in input.records.iter().enumerate() {
-            if r.heat() >= sustain {
-                self.bits[i / 64] |= 1u64 << (i % 64);
-            }
-        }
-        self.granules = n;
+    /// Records this tick's heats for the next tick.
+    pub fn remember(&mut self, input: &PolicyInput<'_>) {
+        self.heat.clear();
+        self.heat.extend(input.records.iter().map(|r| r.heat()));
         self.tick = Some(input.tick);
     }
 
-    /// Forgets everything and frees the bits (granules cheap enough to need no history).
+    /// Forgets everything and frees the memory (granules cheap enough to need no history).
     pub fn clear(&mut self) {
         *self = Self::default();
     }
 
     /// Bytes held.
     pub fn bytes(&self) -> u64 {
-        (self.bits.capacity() * 8) as u64
+        self.heat.capacity() as u64
     }
 }
 
-/// Whether a granule's heat is sustained: at or above `sustain` now and in the previous tick
-/// (`was_hot`), or above `max_gain` (more than one tick of observation gives).
-pub fn sustained(heat: u8, was_hot: bool, sustain: u8, max_gain: u8) -> bool {
-    (was_hot && heat >= sustain) || heat > max_gain
+/// The heat a slow granule has *sustained*: the lower of its heat now, its heat a tick ago,
+/// and twice what this tick added (the heat a steady rate of this tick's gain settles at);
+/// 0 if this tick added nothing or without history. A one-off touch counts for nothing more
+/// than the granule's own heat before it, and the tick after it only what that tick saw; a
+/// steady rate counts for its heat from the second tick it is seen (16, then 24: 16), a weak
+/// one as well (5% of 20 samples: 3, 4, 5: 4 at the third), a granule seen every other tick
+/// for its quiet tick's heat.
+pub fn sustained(heat: u8, prev: Option<u8>) -> u8 {
+    let Some(p) = prev else { return 0 };
+    let gain = heat.saturating_sub(p / 2);
+    if gain == 0 {
+        return 0;
+    }
+    heat.min(p).min(gain.saturating_mul(2))
 }
 
 /// The lowest heat bucket `T` such that every granule (either tier) at or above it fits in
@@ -193,21 +192,25 @@ mod tests {
 
     #[test]
     fn sustained_table() {
-        // (heat, was hot last tick) -> sustained, with sustain 9 and max gain 16
-        for (heat, was, want) in [
-            (16, false, false),
-            (17, false, true),
-            (9, true, true),
-            (8, true, false),
-            (31, false, true),
-            (12, false, false),
+        // (heat now, heat a tick ago) -> sustained heat
+        for (heat, prev, want) in [
+            (24, Some(16), 16), // steady, second tick
+            (16, Some(0), 0),   // a one-off touch of a cold granule
+            (8, Some(16), 0),   // the tick after it: not seen (8 = 16 / 2)
+            (10, Some(16), 4),  // ... or seen at gain 2 only
+            (18, Some(4), 4),   // a touch on top of a lukewarm granule: its own 4
+            (15, Some(7), 7),   // seen every other tick: its quiet tick's heat
+            (5, Some(5), 5),    // weak but steady
+            (31, Some(31), 31), // hot
+            (31, None, 0),      // no history
         ] {
-            assert_eq!(sustained(heat, was, 9, 16), want, "{heat} {was}");
+            assert_eq!(sustained(heat, prev), want, "{heat} after {prev:?}");
         }
-        // One tick's heat, however high, has halved below 9 the tick after.
+        // Whatever one tick adds to a cold granule, the next tick shows nothing sustained.
         for g in 0..=HeatRecord::HEAT_GAIN {
-            let next = HeatRecord::new(g, Tier::Slow, 3).cooled().heat();
-            assert!(!sustained(next, g >= 9, 9, 16), "gain {g}");
+            let r = HeatRecord::new(0, Tier::Slow, 3).observed(g);
+            assert_eq!(sustained(r.heat(), Some(0)), 0, "gain {g}");
+            assert_eq!(sustained(r.cooled().heat(), Some(r.heat())), 0, "gain {g}");
         }
     }
 
@@ -220,15 +223,14 @@ mod tests {
         let mut h = History::default();
         let t5 = PolicyInput::from_records(5, 4096, &r, 1, 1);
         h.align(&t5);
-        assert!(!h.was_hot(0));
-        h.remember(&t5, 9);
-        // (next tick, granules) -> granule 0 still remembered
-        for (tick, n, kept) in [(6, 2, true), (7, 2, false), (6, 3, false), (5, 2, false)] {
+        assert_eq!(h.prev(0), None);
+        h.remember(&t5);
+        // (next tick, granules) -> granule 0's heat still known
+        for (tick, n, kept) in [(6, 2, Some(20)), (7, 2, None), (6, 3, None), (5, 2, None)] {
             let mut g = h.clone();
             let r2 = vec![HeatRecord::default(); n];
             g.align(&PolicyInput::from_records(tick, 4096, &r2, 1, 1));
-            assert_eq!(g.was_hot(0), kept, "tick {tick} granules {n}");
-            assert!(!g.was_hot(1));
+            assert_eq!(g.prev(0), kept, "tick {tick} granules {n}");
         }
     }
 
