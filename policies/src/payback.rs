@@ -13,8 +13,8 @@
 //! ([`vmtier_core::policy::HeatRecord::heat_gain`]) is logarithmic in that fraction, 2 levels per factor of 2; one
 //! tick gives at most [`PolicyInput::max_gain`] (16). The policy's `promote_min_heat` (4) is
 //! the heat at which a 4 KiB move pays back; on the same scale a move `R` times as dear needs
-//! `2·log2(R)` more ([`move_cost_heat`]): 11 at 64 KiB, 19 at 2 MiB. Where that is more than
-//! one tick can give (granules above 64 KiB), **no single tick of observation pays back a
+//! `2·log2(R)` more ([`move_cost_heat`]): 11 at 64 KiB, 16 at 512 KiB, 19 at 2 MiB. Where that is more than
+//! one tick can give (granules above 512 KiB), **no single tick of observation pays back a
 //! move**: whatever it saw may be a one-off — a sweep, a scan or a checksum pass that touched
 //! the granule once — and a one-off saves nothing after the tick that saw it. With THP this
 //! matters twice: DAMON reads one accessed bit for the whole 2 MiB, so one touched 4 KiB page
@@ -83,34 +83,42 @@ pub fn one_tick_pays(input: &PolicyInput<'_>, heat_4k: u8) -> bool {
     cost <= input.max_gain
 }
 
-/// Every granule's heat as the policy saw it in the tick before (1 byte per granule, kept
-/// only where one tick cannot pay back a move). Cleared when the granule count changes or a
-/// tick was skipped, so stale history never promotes anything.
+/// Every granule's heat as the policy saw it in the two ticks before (2 bytes per granule,
+/// kept only where one tick cannot pay back a move). Cleared when the granule count changes
+/// or a tick was skipped, so stale history never promotes anything.
 #[derive(Clone, Debug, Default)]
 pub struct History {
-    heat: Vec<u8>,
+    /// A tick ago.
+    prev: Vec<u8>,
+    /// Two ticks ago (empty until known).
+    prev2: Vec<u8>,
     tick: Option<u64>,
 }
 
 impl History {
-    /// Granule `i`'s heat in the previous tick, if known.
-    pub fn prev(&self, i: usize) -> Option<u8> {
-        self.heat.get(i).copied()
+    /// Granule `i`'s heat a tick and two ticks ago, if known.
+    pub fn prev(&self, i: usize) -> Option<(u8, u8)> {
+        Some((*self.prev.get(i)?, *self.prev2.get(i)?))
     }
 
     /// Makes the history fit `input`: cleared unless it is of the tick right before, over the
     /// same number of granules.
     pub fn align(&mut self, input: &PolicyInput<'_>) {
         let follows = self.tick.and_then(|t| t.checked_add(1)) == Some(input.tick);
-        if !follows || self.heat.len() != input.records.len() {
-            self.heat.clear();
+        if !follows || self.prev.len() != input.records.len() {
+            self.prev.clear();
+            self.prev2.clear();
         }
     }
 
     /// Records this tick's heats for the next tick.
     pub fn remember(&mut self, input: &PolicyInput<'_>) {
-        self.heat.clear();
-        self.heat.extend(input.records.iter().map(|r| r.heat()));
+        std::mem::swap(&mut self.prev, &mut self.prev2);
+        self.prev.clear();
+        self.prev.extend(input.records.iter().map(|r| r.heat()));
+        if self.prev2.len() != self.prev.len() {
+            self.prev2.clear();
+        }
         self.tick = Some(input.tick);
     }
 
@@ -121,24 +129,27 @@ impl History {
 
     /// Bytes held.
     pub fn bytes(&self) -> u64 {
-        self.heat.capacity() as u64
+        (self.prev.capacity() + self.prev2.capacity()) as u64
     }
 }
 
-/// The heat a slow granule has *sustained*: the lower of its heat now, its heat a tick ago,
-/// and twice what this tick added (the heat a steady rate of this tick's gain settles at);
-/// 0 if this tick added nothing or without history. A one-off touch counts for nothing more
-/// than the granule's own heat before it, and the tick after it only what that tick saw; a
-/// steady rate counts for its heat from the second tick it is seen (16, then 24: 16), a weak
-/// one as well (5% of 20 samples: 3, 4, 5: 4 at the third), a granule seen every other tick
+/// The heat a slow granule has *sustained* over three ticks: the least of its heat now, a tick
+/// ago, twice its heat two ticks ago (it has halved once more since), and twice what this tick
+/// added (the heat a steady rate of this tick's gain settles at); 0 if this tick added nothing
+/// or without history. A granule touched in one tick, or two running (a sweep that straddles
+/// a tick boundary or that DAMON blurs over two ticks), counts for no more than its own heat
+/// before the touch; a steady rate counts for its heat from the third tick it is seen (16, 24,
+/// 28: 24), a weak one as well (5% of 20 samples: 3, 4, 5: 4), a granule seen every other tick
 /// for its quiet tick's heat.
-pub fn sustained(heat: u8, prev: Option<u8>) -> u8 {
-    let Some(p) = prev else { return 0 };
+pub fn sustained(heat: u8, prev: Option<(u8, u8)>) -> u8 {
+    let Some((p, p2)) = prev else { return 0 };
     let gain = heat.saturating_sub(p / 2);
     if gain == 0 {
         return 0;
     }
-    heat.min(p).min(gain.saturating_mul(2))
+    heat.min(p)
+        .min(p2.saturating_mul(2))
+        .min(gain.saturating_mul(2))
 }
 
 /// The lowest heat bucket `T` such that every granule (either tier) at or above it fits in
@@ -192,25 +203,37 @@ mod tests {
 
     #[test]
     fn sustained_table() {
-        // (heat now, heat a tick ago) -> sustained heat
+        // (heat now, a tick ago, two ticks ago) -> sustained heat
         for (heat, prev, want) in [
-            (24, Some(16), 16), // steady, second tick
-            (16, Some(0), 0),   // a one-off touch of a cold granule
-            (8, Some(16), 0),   // the tick after it: not seen (8 = 16 / 2)
-            (10, Some(16), 4),  // ... or seen at gain 2 only
-            (18, Some(4), 4),   // a touch on top of a lukewarm granule: its own 4
-            (15, Some(7), 7),   // seen every other tick: its quiet tick's heat
-            (5, Some(5), 5),    // weak but steady
-            (31, Some(31), 31), // hot
-            (31, None, 0),      // no history
+            (28, Some((24, 16)), 24), // steady, third tick
+            (24, Some((16, 0)), 0),   // second tick: not yet
+            (16, Some((0, 0)), 0),    // a one-off touch of a cold granule
+            (18, Some((12, 0)), 0),   // a sweep seen in two ticks running
+            (9, Some((18, 12)), 0),   // ... the tick after it: not seen
+            (12, Some((18, 12)), 6),  // ... or seen at gain 3 only
+            (18, Some((4, 4)), 4),    // a touch on top of a lukewarm granule: its own 4
+            (15, Some((7, 15)), 7),   // seen every other tick: its quiet tick's heat
+            (5, Some((4, 3)), 4),     // weak but steady
+            (31, Some((31, 31)), 31), // hot
+            (31, None, 0),            // no history
         ] {
             assert_eq!(sustained(heat, prev), want, "{heat} after {prev:?}");
         }
-        // Whatever one tick adds to a cold granule, the next tick shows nothing sustained.
+        // Whatever one tick or two running add to a cold granule, nothing is sustained then or
+        // the tick after.
         for g in 0..=HeatRecord::HEAT_GAIN {
-            let r = HeatRecord::new(0, Tier::Slow, 3).observed(g);
-            assert_eq!(sustained(r.heat(), Some(0)), 0, "gain {g}");
-            assert_eq!(sustained(r.cooled().heat(), Some(r.heat())), 0, "gain {g}");
+            for g2 in 0..=HeatRecord::HEAT_GAIN {
+                let a = HeatRecord::new(0, Tier::Slow, 3).observed(g);
+                let b = a.cooled().observed(g2);
+                let c = b.cooled();
+                assert_eq!(sustained(a.heat(), Some((0, 0))), 0, "{g}");
+                assert_eq!(sustained(b.heat(), Some((a.heat(), 0))), 0, "{g} {g2}");
+                assert_eq!(
+                    sustained(c.heat(), Some((b.heat(), a.heat()))),
+                    0,
+                    "{g} {g2}"
+                );
+            }
         }
     }
 
@@ -221,17 +244,30 @@ mod tests {
             HeatRecord::new(2, Tier::Slow, 3),
         ];
         let mut h = History::default();
-        let t5 = PolicyInput::from_records(5, 4096, &r, 1, 1);
-        h.align(&t5);
-        assert_eq!(h.prev(0), None);
-        h.remember(&t5);
-        // (next tick, granules) -> granule 0's heat still known
-        for (tick, n, kept) in [(6, 2, Some(20)), (7, 2, None), (6, 3, None), (5, 2, None)] {
+        for t in [4, 5] {
+            let input = PolicyInput::from_records(t, 4096, &r, 1, 1);
+            h.align(&input);
+            h.remember(&input);
+        }
+        // (next tick, granules) -> granule 0's heats still known
+        for (tick, n, kept) in [
+            (6, 2, Some((20, 20))),
+            (7, 2, None),
+            (6, 3, None),
+            (5, 2, None),
+        ] {
             let mut g = h.clone();
             let r2 = vec![HeatRecord::default(); n];
             g.align(&PolicyInput::from_records(tick, 4096, &r2, 1, 1));
             assert_eq!(g.prev(0), kept, "tick {tick} granules {n}");
         }
+        // One tick of history is not enough.
+        let mut one = History::default();
+        let input = PolicyInput::from_records(1, 4096, &r, 1, 1);
+        one.align(&input);
+        one.remember(&input);
+        one.align(&PolicyInput::from_records(2, 4096, &r, 1, 1));
+        assert_eq!(one.prev(0), None);
     }
 
     #[test]
