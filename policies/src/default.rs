@@ -9,11 +9,13 @@
 //!
 //! A move must pay back ([`crate::payback`]): where one tick of heat cannot pay back a move
 //! (granules above 512 KiB by the `move_pages` cost), slow granules are ranked by the heat
-//! they sustained over two ticks, so a one-off touch (a sweep, a scan) never moves them; and
+//! they sustained over three ticks, so a touch in one or two ticks (a sweep, a scan) never
+//! moves them; and
 //! residents in the budget-sized hot bin (Memtis) are never swap victims.
 //!
 //! Its input is the engine's one-byte [`HeatRecord`] per granule; of its own it keeps the
-//! previous tick's heat where the payback rule applies (1 byte per granule, none at 4 KiB).
+//! two previous ticks' heat where the payback rule applies (2 bytes per granule, none at
+//! 4 KiB).
 //! Planning is two linear passes plus O(32) arithmetic ([`crate::select`]). Guest hints, when present, rank the hinted granules: a hot hint
 //! raises the heat to `hot_hint_heat` (a pinned one to the maximum) scaled by the hint's
 //! weight, a cold or free one clears it; and whatever the policy demotes, free-hinted granules
@@ -62,9 +64,9 @@ pub struct Config {
     pub headroom_permille: u32,
     /// Where one tick of observation cannot pay back a move (granules above 512 KiB: a
     /// 2 MiB move costs 154 times a 4 KiB one), rank slow granules by their *sustained*
-    /// heat — the lower of this tick's and the last tick's, 0 if not seen this tick — so a
-    /// one-off touch (a sweep, a scan) never moves a granule ([`crate::payback`]). Costs 1
-    /// byte per granule of history there. `false`: rank by heat alone (before 2026-11-23),
+    /// heat over three ticks — 0 if not seen this tick — so a touch in one tick or two
+    /// running (a sweep, a scan) never moves a granule ([`crate::payback`]). Costs 2 bytes
+    /// per granule of history there. `false`: rank by heat alone (before 2026-11-23),
     /// and no budget-sized hot bin either.
     pub sustained_heat: bool,
 }

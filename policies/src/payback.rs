@@ -20,20 +20,15 @@
 //! matters twice: DAMON reads one accessed bit for the whole 2 MiB, so one touched 4 KiB page
 //! makes the granule look as hot as 512.
 //!
-//! **Persistence.** Such a slow granule is ranked by its *sustained* heat ([`sustained`]):
-//! the lower of its heat now and its heat a tick ago, and nothing if it was not seen this
-//! tick. The previous tick's heat is the one byte per granule the policy keeps ([`History`]),
-//! only where this rule applies: heat alone cannot tell a decaying one-off (16, then 8) from a
-//! steady granule (8, 8), nor a touch on top of a lukewarm granule from a hot one. A one-off
-//! then counts for nothing — the tick before it the heat was the granule's own, the tick after
-//! it was not seen — a steady rate for its heat from the second tick it is seen (16, then 24:
-//! 16), a weak one as well (5% of 20 samples: 3, 4, 5: 4 at the third), a granule seen every
-//! other tick for its quiet tick's heat, and a sweep passing over a lukewarm granule for the
-//! lukewarm heat alone. Sustained heat is expected to go on, and a granule that stays hot tick
-//! after tick is used densely (sparse use of a 2 MiB page does not stay hot once DAMON's
-//! regions split around it), so its benefit grows with its pages as its cost does — per page a
-//! 2 MiB move costs a third of a 4 KiB one — and it pays back from the same
-//! `promote_min_heat` within a tick or two.
+//! **Persistence.** Such a slow granule is ranked by its *sustained* heat over three ticks
+//! ([`sustained`]); the two previous ticks' heat is the state the policy keeps ([`History`],
+//! 2 bytes per granule), only where this rule applies: heat alone cannot tell a decaying
+//! one-off (16, then 8) from a steady granule (8, 8), nor a touch on top of a lukewarm granule
+//! from a hot one. Two ticks are not enough either: in the testbed a background sweep is seen
+//! in two ticks running (it straddles a tick boundary, or DAMON's regions blur it). Sustained
+//! heat is expected to go on, and a granule that stays hot tick after tick is used densely, so
+//! its benefit grows with its pages as its cost does — per page a 2 MiB move costs a third of
+//! a 4 KiB one — and it pays back from the same `promote_min_heat` within a tick or two.
 //!
 //! At 4 KiB and up to 512 KiB one tick's heat can pay back a move: nothing changes there and
 //! no history is kept. The simulator backs that: on the suite's traces, ranking 4 KiB pages by
