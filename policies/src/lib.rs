@@ -19,6 +19,7 @@ pub mod first_touch;
 pub mod heat_classes;
 pub mod memtis;
 pub mod numab;
+pub mod payback;
 pub mod registry;
 pub mod select;
 pub mod tpp;

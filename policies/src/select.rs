@@ -17,6 +17,8 @@ pub struct Histogram {
     pub fast_movable: [u64; BUCKETS],
     /// Slow granules that may move (settled).
     pub slow_movable: [u64; BUCKETS],
+    /// All slow granules.
+    pub slow_all: [u64; BUCKETS],
     /// Granules in the fast tier.
     pub fast_used: u64,
 }
@@ -82,6 +84,7 @@ pub fn histogram(
             h.fast_all[b] += 1;
             h.fast_movable[b] += u64::from(movable);
         } else {
+            h.slow_all[b] += 1;
             h.slow_movable[b] += u64::from(movable);
         }
     }
