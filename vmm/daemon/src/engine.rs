@@ -1313,9 +1313,9 @@ fn tick_vm(
         },
         vm.store.records(),
         |g| {
-            let pages = vm.store.detail(Granule(u32::try_from(g).ok()?))?;
-            let fast = pages.iter().filter(|r| r.is_fast()).count();
-            Some(u64::try_from(fast).ok()?.saturating_mul(4096))
+            let g = Granule(u32::try_from(g).ok()?);
+            vm.store.detail(g)?;
+            Some(vm.store.fast_pages(g).saturating_mul(4096))
         },
     );
     Ok(())
@@ -3039,6 +3039,17 @@ mod tests {
         fn detach(&mut self) {}
     }
 
+    /// A VM of `len` bytes whose source reports `hot` ([`RangesSource`]), default policy.
+    fn ranges_parts(hot: &[(u64, u64, u32)], len: u64) -> VmParts {
+        let src = RangesSource(hot.to_vec(), len);
+        VmParts {
+            backend: Box::new(FakeBackend(Arc::new(Mutex::new(Some(one_range(7, len)))))),
+            source: Box::new(move |_| Ok((Box::new(src) as Box<dyn HotnessSource>, "r".into()))),
+            policy: vmtier_policies::registry::build("default", None).unwrap(),
+            hints: None,
+        }
+    }
+
     #[test]
     fn hybrid_tracking_moves_dense_regions_whole_and_only_the_hot_pages_of_mixed_ones() {
         // 256 MiB: a dense 8 MiB hot set (4 whole regions) and 32 regions with only 64 KiB
@@ -3058,17 +3069,9 @@ mod tests {
             let w = world(len);
             let mut e = engine(&w, 1000);
             e.cfg.detail_percent = percent;
-            let parts = VmParts {
-                backend: Box::new(FakeBackend(Arc::new(Mutex::new(Some(one_range(7, len)))))),
-                source: {
-                    let src = RangesSource(hot.clone(), len);
-                    Box::new(move |_| Ok((Box::new(src) as Box<dyn HotnessSource>, "r".into())))
-                },
-                policy: vmtier_policies::registry::build("default", None).unwrap(),
-                hints: None,
-            };
             let vm: VmId = "g".parse().unwrap();
-            e.attach(vm.clone(), ByteSize(12 * MIB), parts).unwrap();
+            e.attach(vm.clone(), ByteSize(12 * MIB), ranges_parts(&hot, len))
+                .unwrap();
             for _ in 0..12 {
                 e.tick();
                 assert!(dram_bytes(&w) <= 12 * MIB, "{percent}%: over budget");
@@ -3085,6 +3088,9 @@ mod tests {
                 assert_eq!(dram_bytes(&w), 10 * MIB);
                 let st = e.status(&vm).unwrap();
                 assert_eq!(st.summary.fast_bytes, 10 * MIB);
+                // The heatmap counts split regions by their pages in DRAM, not whole.
+                let h = e.heatmap(&vm, None).unwrap();
+                assert_eq!(h.ticks.last().unwrap().fast_bytes, 10 * MIB);
             }
         }
     }
@@ -3101,17 +3107,9 @@ mod tests {
         let w = world(len);
         let mut e = engine(&w, 1000);
         e.cfg.detail_percent = 30;
-        let parts = VmParts {
-            backend: Box::new(FakeBackend(Arc::new(Mutex::new(Some(one_range(7, len)))))),
-            source: {
-                let src = RangesSource(hot.clone(), len);
-                Box::new(move |_| Ok((Box::new(src) as Box<dyn HotnessSource>, "r".into())))
-            },
-            policy: vmtier_policies::registry::build("default", None).unwrap(),
-            hints: None,
-        };
         let vm: VmId = "g".parse().unwrap();
-        e.attach(vm.clone(), ByteSize(4 * MIB), parts).unwrap();
+        e.attach(vm.clone(), ByteSize(4 * MIB), ranges_parts(&hot, len))
+            .unwrap();
         for _ in 0..6 {
             e.tick();
         }

@@ -451,8 +451,8 @@ impl HotnessStore {
         hybrid::page_cutoff(&by, budget_bytes / 4096)
     }
 
-    /// Pages of `granule` in the fast tier.
-    fn fast_pages(&self, g: Granule) -> u64 {
+    /// Pages of `granule` in the fast tier (a split region's from its kept count).
+    pub fn fast_pages(&self, g: Granule) -> u64 {
         let slot = self
             .detail
             .as_ref()
