@@ -228,6 +228,17 @@ fn until(timeout: Duration, f: &mut dyn FnMut() -> bool) -> Option<Duration> {
     }
 }
 
+/// Calls `f` about once per daemon tick of `tick`, at most `n` times, until it returns true.
+fn per_tick(tick: Duration, n: u64, mut f: impl FnMut() -> bool) {
+    for _ in 0..n {
+        let t = Instant::now();
+        if f() {
+            return;
+        }
+        std::thread::sleep(tick.saturating_sub(t.elapsed()));
+    }
+}
+
 struct Placement {
     dram: u64,
     hot_dram: u64,
@@ -439,8 +450,7 @@ pub fn run(c: &mut Checks, a: &LibvirtArgs) {
     let ticks = |d: &Daemon| d.status("wl1").map_or(0, |s| s.metrics.ticks);
     let mut max_dram = 0;
     let mut reached = None;
-    for _ in 0..a.ticks + 5 {
-        let t = Instant::now();
+    per_tick(tick, a.ticks + 5, || {
         let p = place(&pages, hot);
         let tk = ticks(&d);
         max_dram = max_dram.max(p.dram);
@@ -449,12 +459,12 @@ pub fn run(c: &mut Checks, a: &LibvirtArgs) {
             ByteSize(p.dram).to_string(),
             pct(p.hot_dram, hot.1)
         );
-        if p.hot_dram * 10 >= hot.1 * 9 {
+        let done = p.hot_dram * 10 >= hot.1 * 9;
+        if done {
             reached = Some(tk);
-            break;
         }
-        std::thread::sleep(tick.saturating_sub(t.elapsed()));
-    }
+        done
+    });
     c.check(
         reached.is_some_and(|t| t <= a.ticks),
         "wl1's hot set reaches DRAM (90%)",
@@ -550,20 +560,19 @@ pub fn run(c: &mut Checks, a: &LibvirtArgs) {
         ),
     );
     let mut followed_at = None;
-    for _ in 0..a.budget_ticks * 2 {
-        let t = Instant::now();
+    per_tick(tick, a.budget_ticks * 2, || {
         let p = place(&pages, hot);
         let tk = ticks(&d);
         println!(
             "  [budget  ] tick {tk:>3}  DRAM {:>10}",
             ByteSize(p.dram).to_string()
         );
-        if p.dram <= a.lower_budget.0 + SLACK {
+        let done = p.dram <= a.lower_budget.0 + SLACK;
+        if done {
             followed_at = Some(tk.saturating_sub(t0));
-            break;
         }
-        std::thread::sleep(tick.saturating_sub(t.elapsed()));
-    }
+        done
+    });
     c.check(
         followed_at.is_some_and(|t| t <= a.budget_ticks),
         "DRAM follows the lowered budget",
@@ -794,20 +803,19 @@ fn pins(
     );
     let t0 = d.status("wl1").map_or(0, |s| s.metrics.ticks);
     let mut reached = None;
-    for _ in 0..a.budget_ticks * 2 {
-        let t = Instant::now();
+    per_tick(tick, a.budget_ticks * 2, || {
         let b = in_dram();
         let tk = d.status("wl1").map_or(0, |s| s.metrics.ticks);
         println!(
             "  [pin     ] tick {tk:>3}  pinned range in DRAM {:>10}",
             ByteSize(b).to_string()
         );
-        if b == PIN {
+        let done = b == PIN;
+        if done {
             reached = Some(tk.saturating_sub(t0));
-            break;
         }
-        std::thread::sleep(tick.saturating_sub(t.elapsed()));
-    }
+        done
+    });
     c.check(
         reached.is_some_and(|t| t <= a.budget_ticks),
         "the pinned range's pages go to DRAM (move_pages at the HVAs of its GPAs)",
