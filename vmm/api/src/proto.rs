@@ -424,6 +424,25 @@ pub struct VmStatus {
     /// The guest hint channel, if the VM has one.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub hints: Option<crate::hints::HintStatus>,
+    /// Hybrid 2 MiB / 4 KiB tracking, if on (`[daemon] detail_percent` > 0).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub hybrid: Option<HybridStatus>,
+}
+
+/// Hybrid tracking of one VM: how many regions carry 4 KiB detail now and how that changed.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct HybridStatus {
+    /// Regions split into 4 KiB detail now.
+    pub split_regions: u64,
+    /// The most regions that may be split at a time (`detail_percent` of the regions).
+    pub max_split_regions: u64,
+    /// Splits since the VM was attached.
+    pub splits: u64,
+    /// Merges (detail dropped when a region's pages became uniform) since attach.
+    pub merges: u64,
+    /// Mixed regions left whole because the cap was reached, counted once per tick each.
+    pub refused: u64,
 }
 
 #[cfg(test)]

@@ -54,7 +54,7 @@ use crate::proto::{NodeBytes, Reply, Request, Response, VmMetrics, VmStatus, VmS
 use crate::ring::{RingSize, TickInfo, TickRing};
 use vmtier_api::heatmap::Heatmap;
 use vmtier_api::pin::{Pin, PinTier};
-use vmtier_api::proto::{DaemonMetrics, TickHistogram, Tiering, TieringChange};
+use vmtier_api::proto::{DaemonMetrics, HybridStatus, TickHistogram, Tiering, TieringChange};
 
 /// Error of an engine operation (an API request or an attach).
 #[derive(Debug, thiserror::Error)]
@@ -895,6 +895,16 @@ impl Engine {
                 s.counters.capped_granules = h.tracker.capped;
                 s.misbehaving = vm.problems.now.get(&Component::Hints).cloned();
                 s
+            }),
+            hybrid: vm.store.is_hybrid().then(|| {
+                let st = vm.store.detail_stats();
+                HybridStatus {
+                    split_regions: st.split,
+                    max_split_regions: st.cap,
+                    splits: st.splits,
+                    merges: st.merges,
+                    refused: st.refused,
+                }
             }),
         })
     }
@@ -3088,9 +3098,23 @@ mod tests {
                 assert_eq!(dram_bytes(&w), 10 * MIB);
                 let st = e.status(&vm).unwrap();
                 assert_eq!(st.summary.fast_bytes, 10 * MIB);
+                // The split regions show in the status: all 32 mixed ones, none refused.
+                let hy = st.hybrid.expect("hybrid status");
+                assert_eq!((hy.split_regions, hy.splits, hy.refused), (32, 32, 0));
+                assert!(hy.max_split_regions >= 32);
                 // The heatmap counts split regions by their pages in DRAM, not whole.
                 let h = e.heatmap(&vm, None).unwrap();
                 assert_eq!(h.ticks.last().unwrap().fast_bytes, 10 * MIB);
+            }
+            if percent == 10 {
+                // 12 split at the cap; the 20 others are refused every tick.
+                let hy = e.status(&vm).unwrap().hybrid.expect("hybrid status");
+                assert_eq!(hy.split_regions, 12);
+                assert_eq!(hy.max_split_regions, 12);
+                assert!(hy.refused >= 20, "refused {}", hy.refused);
+            }
+            if percent == 0 {
+                assert_eq!(e.status(&vm).unwrap().hybrid, None);
             }
         }
     }

@@ -723,6 +723,13 @@ pub(crate) mod tests {
                 ..VmMetrics::default()
             },
             hints: None,
+            hybrid: Some(vmtier_api::proto::HybridStatus {
+                split_regions: 3,
+                max_split_regions: 25,
+                splits: 5,
+                merges: 2,
+                refused: 0,
+            }),
         }
     }
 

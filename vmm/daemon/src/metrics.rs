@@ -56,6 +56,9 @@ pub const FAMILIES: &[(&str, Kind, &str)] = &[
     ("vmtier_vm_pending_granules", Kind::Gauge, "Granules waiting for a retry now."),
     ("vmtier_vm_ticks_total", Kind::Counter, "Ticks run for the VM."),
     ("vmtier_vm_last_tick_seconds", Kind::Gauge, "Duration of the VM's last tick."),
+    ("vmtier_vm_hybrid_split_regions", Kind::Gauge, "Hybrid tracking: regions split into 4 KiB detail now."),
+    ("vmtier_vm_hybrid_max_split_regions", Kind::Gauge, "Hybrid tracking: the most regions that may be split at a time."),
+    ("vmtier_vm_hybrid_events_total", Kind::Counter, "Hybrid tracking events by kind: split, merge, refused (a mixed region left whole at the cap, once per tick)."),
     ("vmtier_tick_duration_seconds", Kind::Histogram, "Duration of whole engine ticks (all VMs)."),
 ];
 
@@ -164,6 +167,25 @@ fn vm_samples(s: &VmStatus, enabled: bool) -> Vec<Sample> {
             f(m.last_tick_us) / 1e6,
         ),
     ];
+    if let Some(h) = &s.hybrid {
+        out.push(("vmtier_vm_hybrid_split_regions", vec![], f(h.split_regions)));
+        out.push((
+            "vmtier_vm_hybrid_max_split_regions",
+            vec![],
+            f(h.max_split_regions),
+        ));
+        for (kind, n) in [
+            ("split", h.splits),
+            ("merge", h.merges),
+            ("refused", h.refused),
+        ] {
+            out.push((
+                "vmtier_vm_hybrid_events_total",
+                vec![("kind", kind.into())],
+                f(n),
+            ));
+        }
+    }
     for n in &s.per_node {
         out.push((
             "vmtier_vm_node_memory_bytes",
@@ -332,6 +354,7 @@ pub(crate) mod tests {
                 "_up",
                 "_enabled",
                 "_granules",
+                "_regions",
             ];
             assert!(unit.iter().any(|u| name.contains(u)), "{name} has a unit");
             assert!(

@@ -78,6 +78,12 @@ pub fn render(s: &VmStatus) -> String {
         m.ticks,
         b(m.max_fast_bytes)
     );
+    if let Some(h) = &s.hybrid {
+        out += &format!(
+            "  hybrid tracking: {} of at most {} regions split to 4 KiB   splits {}   merges {}   refused at the cap {}\n",
+            h.split_regions, h.max_split_regions, h.splits, h.merges, h.refused
+        );
+    }
     if let Some(h) = &s.hints {
         out += &render_hints(h);
     }
@@ -197,6 +203,13 @@ mod tests {
                 },
                 ..Default::default()
             }),
+            hybrid: Some(vmtier_api::proto::HybridStatus {
+                split_regions: 12,
+                max_split_regions: 40,
+                splits: 30,
+                merges: 18,
+                refused: 6,
+            }),
         };
         let text = render(&s);
         for want in [
@@ -210,6 +223,7 @@ mod tests {
             "MISBEHAVING: the guest broke the hint protocol: 3 oversize",
             "garbage 99 bytes",
             "oversize 3",
+            "hybrid tracking: 12 of at most 40 regions split to 4 KiB   splits 30   merges 18   refused at the cap 6",
         ] {
             assert!(text.contains(want), "{want:?} not in {text}");
         }

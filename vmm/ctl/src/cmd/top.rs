@@ -179,6 +179,7 @@ mod tests {
                 ..VmMetrics::default()
             },
             hints: None,
+            hybrid: None,
         }
     }
 
