@@ -72,6 +72,15 @@ pub struct Config {
     /// a 2 MiB granule's first promotion to its third tick, and the `vmtierd-hints` testbed
     /// case fails with it on (docs/policies.md, "The payback rule").
     pub sustained_heat: bool,
+    /// Displacement by worth: the heat margin a slow granule needs over a resident one is
+    /// the resident's own heat, between 1 and `swap_margin` ([`select::worth_margin`]), so a
+    /// resident that went cold (heat halves every tick it is not seen) is displaced by any
+    /// slow granule at twice its heat and at least `promote_min_heat`, while a resident hot
+    /// in the last tick keeps the full margin. Only where one tick of heat pays back a move
+    /// (granules up to 512 KiB, [`crate::payback`]); larger granules keep the fixed margin.
+    /// Default `false` (the fixed margin everywhere): over the suite it trades zipf-like
+    /// loads for phased ones (docs/policies.md, "Displacement by worth").
+    pub displace_by_worth: bool,
 }
 
 impl Default for Config {
@@ -84,6 +93,7 @@ impl Default for Config {
             hot_hint_heat: 20,
             headroom_permille: 0,
             sustained_heat: false,
+            displace_by_worth: false,
         }
     }
 }
@@ -237,6 +247,10 @@ impl PlacementPolicy for DefaultPolicy {
                 .fast_budget
                 .saturating_mul(u64::from(self.cfg.headroom_permille.min(1000)))
                 / 1000,
+            // Only where one tick of heat pays back a move: a 2 MiB move costs 154 times a
+            // 4 KiB one, and there the fixed margin keeps lukewarm noise from churning.
+            by_worth: self.cfg.displace_by_worth
+                && payback::one_tick_pays(input, self.cfg.promote_min_heat),
         };
         // Where one tick cannot pay back a move, slow granules rank by the heat they
         // sustained over two ticks (crate::payback); the previous tick's heat is kept.
@@ -725,6 +739,113 @@ mod tests {
                 let others = moves[24..].iter().filter(|m| !m.is_empty()).count();
                 assert_eq!(others, 0, "{name}: granules outside the hot set moved");
             }
+        }
+    }
+
+    #[test]
+    fn a_lukewarm_new_hot_set_displaces_a_resident_one_gone_cold() {
+        // 4 KiB granules, budget 32, 8 moves a tick. Ticks 0..10: granules 0..32 hot (gain
+        // 13..=16), the rest noise (gain ≤ 1). From tick 10 the old set goes untouched and
+        // granules 32..64 are used, seen as DAMON sees a hot page among cold neighbours:
+        // lukewarm, gain 3..=5 (heat 6..=10). By worth, the old residents are displaced as
+        // soon as their heat falls below half the new set's; with the fixed margin only once
+        // they reach 0 and the new set reads 8 or more, so it lags.
+        // (displace by worth, ticks after the shift until 28 of the new set are in DRAM)
+        let mut took = Vec::new();
+        for by_worth in [true, false] {
+            let cfg = Config {
+                displace_by_worth: by_worth,
+                ..Config::default()
+            };
+            let gain = |t: u64, i: usize| -> u8 {
+                match (t < 10, i) {
+                    (true, 0..=31) => 13 + noise(t, i, 3),
+                    (false, 32..=63) => 3 + noise(t, i, 2),
+                    _ => noise(t, i, 1),
+                }
+            };
+            let (recs, _) = replay(
+                cfg,
+                4096,
+                vec![HeatRecord::default(); 128],
+                |_| 32,
+                8,
+                40,
+                gain,
+            );
+            let when = recs
+                .iter()
+                .enumerate()
+                .skip(10)
+                .find(|(_, r)| r[32..64].iter().filter(|r| r.is_fast()).count() >= 28)
+                .map(|(t, _)| t as u64 - 10);
+            took.push(when);
+        }
+        let (worth, fixed) = (took[0], took[1]);
+        assert!(worth.is_some_and(|w| w <= 12), "by worth: {worth:?}");
+        assert!(
+            fixed.map_or(true, |f| Some(f) > worth),
+            "fixed margin {fixed:?} not slower than by worth {worth:?}"
+        );
+    }
+
+    #[test]
+    fn by_worth_a_steady_hot_set_survives_blips_and_2_mib_keeps_the_margin() {
+        // Budget 24 held by a hot set seen in 80–100% of every tick's samples (gain 13..=16,
+        // heat ≥ 19); every tick 8 other granules get a one-window blip at full gain (16).
+        // By worth, no blip ever displaces a resident of the hot set.
+        let worth = Config {
+            displace_by_worth: true,
+            ..Config::default()
+        };
+        let start: Vec<_> = (0..256)
+            .map(|i| {
+                let t = if i < 24 { Tier::Fast } else { Tier::Slow };
+                HeatRecord::new(if i < 24 { 28 } else { 0 }, t, HeatRecord::SETTLED)
+            })
+            .collect();
+        let (recs, moves) = replay(
+            worth.clone(),
+            4096,
+            start,
+            |_| 24,
+            8,
+            40,
+            |t, i| {
+                if i < 24 {
+                    13 + noise(t, i, 3)
+                } else if (i as u64 + t * 8) % 232 < 8 {
+                    16
+                } else {
+                    0
+                }
+            },
+        );
+        assert!(moves[..24].iter().all(Vec::is_empty), "hot set moved");
+        assert!(recs.iter().all(|r| r[..24].iter().all(|r| r.is_fast())));
+        // (granule bytes, displace by worth) -> an untouched resident displaced by a slow
+        // granule at heat 5: by worth at 4 KiB only; 2 MiB keeps the fixed margin (8).
+        for (bytes, by_worth, want) in [
+            (4096u64, true, true),
+            (4096, false, false),
+            (MIB2, true, false),
+            (MIB2, false, false),
+        ] {
+            let r = vec![
+                HeatRecord::new(5, Tier::Slow, HeatRecord::SETTLED),
+                HeatRecord::new(0, Tier::Fast, HeatRecord::SETTLED),
+            ];
+            let input = PolicyInput::from_records(0, bytes, &r, 1, 10);
+            let cfg = Config {
+                displace_by_worth: by_worth,
+                ..Config::default()
+            };
+            let plan = DefaultPolicy::new(cfg).plan(&input);
+            assert_eq!(
+                !plan.promote.is_empty(),
+                want,
+                "{bytes} B, by worth {by_worth}"
+            );
         }
     }
 

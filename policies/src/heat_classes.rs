@@ -70,6 +70,7 @@ impl PlacementPolicy for HeatClasses {
             demote_cold_always: true,
             min_move_age: 0,
             headroom: 0,
+            by_worth: false,
         };
         let _ = TrackingSource::AbitScan;
         select::plan_by_key(&limited, &rules, class)

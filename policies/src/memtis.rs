@@ -88,6 +88,7 @@ impl PlacementPolicy for Memtis {
             demote_cold_always: false,
             min_move_age: 0,
             headroom: 0,
+            by_worth: false,
         };
         let counts = &self.counts;
         select::plan_by_key(input, &rules, |i, _| bin(counts[i]))

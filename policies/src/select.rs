@@ -28,7 +28,8 @@ pub struct Histogram {
 pub struct Rules {
     /// Slow granules below this bucket are never promoted.
     pub min_promote: u8,
-    /// A swap needs the promoted bucket ≥ the demoted bucket + `margin` (≥ 1).
+    /// A swap needs the promoted bucket ≥ the demoted bucket + `margin` (≥ 1); with
+    /// `by_worth`, + [`worth_margin`] of the demoted bucket.
     pub margin: u8,
     /// A swap needs the promoted bucket ≥ `swap_min` too: displacing a resident granule takes
     /// a granule that is clearly hot, while free room is filled from `min_promote` up.
@@ -43,6 +44,23 @@ pub struct Rules {
     /// moves left over (TPP-style decoupled watermark), so a hot-set shift costs one move per
     /// granule instead of a swap.
     pub headroom: u64,
+    /// Displacement by worth: the margin a swap needs grows with what the resident is worth
+    /// now ([`worth_margin`]), so a resident that went cold is displaced by any slow granule
+    /// at or above `min_promote`, while a steadily hot one keeps the full `margin`.
+    pub by_worth: bool,
+}
+
+/// The margin a slow granule needs over a resident granule whose key is `resident`, when
+/// displacement goes by worth: the resident's own key, between 1 and `margin`.
+///
+/// The key is heat, which halves every tick the granule is not seen, so it already says
+/// how long ago the resident was last hot: heat 16 seen once is 8 a tick later, 4, 2, 1.
+/// A resident at heat `h` < `margin` is displaced by a slow granule at `2h` or more (twice
+/// its worth); from `margin` up the fixed margin applies. A steadily hot resident (seen in
+/// every tick: heat ≥ 16) needs a challenger at ≥ 24, more than one observation window can
+/// give (16), so a one-window blip never displaces it.
+pub fn worth_margin(resident: u8, margin: u8) -> u8 {
+    resident.clamp(1, margin.max(1))
 }
 
 /// How many granules to take from each bucket.
@@ -128,7 +146,14 @@ pub fn quotas(h: &Histogram, budget: u64, max_moves: u64, rules: &Rules) -> Quot
         free -= t;
         moves -= t;
     }
-    let margin = usize::from(rules.margin.max(1));
+    let margin = |bf: usize| -> usize {
+        let m = rules.margin.max(1);
+        if rules.by_worth {
+            usize::from(worth_margin(u8::try_from(bf).unwrap_or(u8::MAX), m))
+        } else {
+            usize::from(m)
+        }
+    };
     let mut bs = BUCKETS - 1;
     let mut bf = 0usize;
     while moves >= 2 {
@@ -141,7 +166,7 @@ pub fn quotas(h: &Histogram, budget: u64, max_moves: u64, rules: &Rules) -> Quot
         if bf >= BUCKETS
             || bf >= below
             || slow_rem[bs] == 0
-            || bs < bf + margin
+            || bs < bf + margin(bf)
             || bs < usize::from(rules.swap_min)
         {
             break;
@@ -269,6 +294,7 @@ mod tests {
         demote_cold_always: false,
         min_move_age: 3,
         headroom: 0,
+        by_worth: false,
     };
 
     #[test]
@@ -319,6 +345,79 @@ mod tests {
                 1
             );
         }
+    }
+
+    #[test]
+    fn displacement_by_worth_table() {
+        use Tier::{Fast as F, Slow as S};
+        // (resident heat, slow heat, by worth) -> swapped; margin 8, min_promote 2
+        let cases = [
+            // An untouched resident: any slow granule from min_promote up displaces it by
+            // worth; the fixed margin needs 8.
+            (0u8, 2u8, true, true),
+            (0, 7, false, false),
+            (0, 8, false, true),
+            // A resident cooling off (heat halves each tick unseen) is worth its heat: a
+            // challenger needs twice that.
+            (3, 6, true, true),
+            (3, 5, true, false),
+            (6, 12, true, true),
+            (6, 11, true, false),
+            // A steadily hot resident keeps the full margin: a one-window blip (≤ 16) never
+            // displaces it, by worth or not.
+            (16, 16, true, false),
+            (16, 23, true, false),
+            (16, 24, true, true),
+            (12, 16, true, false),
+            (12, 20, true, true),
+        ];
+        for (res, slow, by_worth, want) in cases {
+            let r = recs(&[(slow, S), (res, F)]);
+            let input = PolicyInput::from_records(0, 4096, &r, 1, 10);
+            let rules = Rules {
+                margin: 8,
+                by_worth,
+                ..RULES
+            };
+            let plan = plan_by_key(&input, &rules, |_, r| r.heat());
+            assert_eq!(
+                !plan.promote.is_empty(),
+                want,
+                "resident {res}, slow {slow}, by worth {by_worth}"
+            );
+        }
+        // worth_margin itself: the resident's key between 1 and the margin.
+        for (res, margin, want) in [(0u8, 8u8, 1u8), (5, 8, 5), (20, 8, 8), (3, 0, 1)] {
+            assert_eq!(worth_margin(res, margin), want, "{res} {margin}");
+        }
+    }
+
+    #[test]
+    fn displacement_by_worth_pairs_hottest_with_coldest() {
+        use Tier::{Fast as F, Slow as S};
+        // Several candidates and victims with noisy heats: the hottest slow granules replace
+        // the residents worth least, and only pairs that clear the worth margin swap.
+        let r = recs(&[
+            (9, S),
+            (3, S),
+            (14, S),
+            (5, S),
+            (2, F),
+            (20, F),
+            (7, F),
+            (0, F),
+        ]);
+        let input = PolicyInput::from_records(0, 4096, &r, 4, 100);
+        let rules = Rules {
+            margin: 8,
+            by_worth: true,
+            ..RULES
+        };
+        let plan = plan_by_key(&input, &rules, |_, r| r.heat());
+        // 14 over 0 and 9 over 2 (≥ 4) swap; 5 over 7 does not (needs 14).
+        let ids = |v: &[Granule]| v.iter().map(|g| g.0).collect::<Vec<_>>();
+        assert_eq!(ids(&plan.promote), vec![2, 0]);
+        assert_eq!(ids(&plan.demote), vec![7, 4]);
     }
 
     #[test]
