@@ -7,6 +7,7 @@ mod api;
 mod bench_e2e;
 mod check;
 mod cpu_bench;
+mod cpu_factor;
 mod daemon;
 mod faults;
 mod guest;
