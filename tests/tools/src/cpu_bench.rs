@@ -200,6 +200,54 @@ fn kdamond_ticks() -> u64 {
     sum
 }
 
+/// `struct perf_event_attr` up to `config1` (`PERF_ATTR_SIZE_VER0`, 64 bytes).
+#[repr(C)]
+#[derive(Default)]
+struct PerfEventAttr {
+    kind: u32,
+    size: u32,
+    config: u64,
+    sample_period: u64,
+    sample_type: u64,
+    read_format: u64,
+    flags: u64,
+    wakeup_events: u32,
+    bp_type: u32,
+    config1: u64,
+}
+
+/// Opens a task-bound dummy perf event on this process and keeps it for the run: perf's
+/// scheduler hooks then stay on, so the DAMON source's perf events opening and closing per
+/// row patch no kernel text (under multi-threaded TCG a patched `__schedule` can Oops on a
+/// stale int3, docs/testbed.md). `None` if perf refuses (then the hooks come and go).
+fn hold_perf_sched_hooks() -> Option<std::os::fd::OwnedFd> {
+    use std::os::fd::FromRawFd;
+    const PERF_TYPE_SOFTWARE: u32 = 1;
+    const PERF_COUNT_SW_DUMMY: u64 = 9;
+    const PERF_FLAG_FD_CLOEXEC: libc::c_ulong = 1 << 3;
+    let attr = PerfEventAttr {
+        kind: PERF_TYPE_SOFTWARE,
+        size: u32::try_from(std::mem::size_of::<PerfEventAttr>()).unwrap_or(64),
+        config: PERF_COUNT_SW_DUMMY,
+        ..PerfEventAttr::default()
+    };
+    // SAFETY: perf_event_open reads `attr.size` bytes of a valid, initialized attr that lives
+    // across the call; the other arguments are plain integers.
+    let fd = unsafe {
+        libc::syscall(
+            libc::SYS_perf_event_open,
+            std::ptr::addr_of!(attr),
+            0i32,
+            -1i32,
+            -1i32,
+            PERF_FLAG_FD_CLOEXEC,
+        )
+    };
+    let fd = i32::try_from(fd).ok().filter(|fd| *fd >= 0)?;
+    // SAFETY: perf_event_open returned a new fd that nothing else owns.
+    Some(unsafe { std::os::fd::OwnedFd::from_raw_fd(fd) })
+}
+
 struct Kill(Child);
 impl Drop for Kill {
     fn drop(&mut self) {
@@ -584,6 +632,12 @@ fn micro_only(c: &mut Checks, a: &CpuBenchArgs) -> Option<()> {
 #[allow(clippy::cast_precision_loss, clippy::too_many_lines)]
 fn bench(c: &mut Checks, a: &CpuBenchArgs) -> Option<()> {
     let clock = check::clock();
+    let perf = hold_perf_sched_hooks();
+    if perf.is_none() {
+        println!(
+            "cpu-bench: note: no task-bound perf event: perf's scheduler hooks switch per row"
+        );
+    }
     let native: Option<Value> = match &a.native_micro {
         None => None,
         Some(p) => {
@@ -629,6 +683,12 @@ fn bench(c: &mut Checks, a: &CpuBenchArgs) -> Option<()> {
         } else {
             println!("cpu-bench: kernel.numa_balancing was {nb}, set to 0 for the run");
         }
+    }
+    let _perf = hold_perf_sched_hooks();
+    if _perf.is_none() {
+        println!(
+            "cpu-bench: note: no task-bound perf event: perf's scheduler hooks switch per row"
+        );
     }
     let mut rows = Vec::new();
     for &size in &a.sizes {
@@ -703,21 +763,49 @@ fn bench(c: &mut Checks, a: &CpuBenchArgs) -> Option<()> {
     let (fmin, fmax) = range(false);
     let (mmin, mmax) = range(true);
     println!(
-        "fit per tracking mode: steady (amortised) ms per tick = fixed + slope x GiB; at 64 GiB; native estimate = that / factor ({fmin:.1}..{fmax:.1}); target <= {TARGET_MS_PER_TICK_64G} ms per tick (1 % of a core at 1 s)"
+        "fit per tracking mode over the quiet ticks: ms per tick = fixed + slope x GiB (all: refresh amortised; no refresh: without it); at 64 GiB; native estimate = that / factor ({fmin:.1}..{fmax:.1}); target <= {TARGET_MS_PER_TICK_64G} ms per tick (1 % of a core at 1 s)"
     );
-    println!("tracking  fixed ms  ms per GiB  64 GiB ms ({clock})  native estimate ms  % of a core   verdict     moving ms/MiB  native estimate");
+    println!("tracking  ticks        fixed ms  ms per GiB  64 GiB ms ({clock})  native estimate ms  % of a core   verdict");
     let mut fits = Vec::new();
     for (mode, _, _) in MODES {
-        let pts: Vec<(f64, f64)> = rows
-            .iter()
-            .filter(|r| r.mode == mode)
-            .filter_map(|r| {
-                Some((
-                    r.bytes as f64 / f64::from(1u32 << 30),
-                    r.summary.amortised_ms?,
-                ))
-            })
-            .collect();
+        let points = |f: fn(&Summary) -> Option<f64>| -> Vec<(f64, f64)> {
+            rows.iter()
+                .filter(|r| r.mode == mode)
+                .filter_map(|r| Some((r.bytes as f64 / f64::from(1u32 << 30), f(&r.summary)?)))
+                .collect()
+        };
+        let mut fj = serde_json::Map::new();
+        fj.insert("tracking".into(), json!(mode));
+        for (label, key, pts) in [
+            ("all", "all_ticks", points(|s| s.amortised_ms)),
+            ("no refresh", "without_refresh", points(|s| s.steady_ms)),
+        ] {
+            let Some((fixed, slope)) = fit(&pts) else {
+                println!("{mode:<9} {label:<12} (needs quiet ticks at two sizes)");
+                fj.insert(key.into(), json!({ "points": pts }));
+                continue;
+            };
+            let at64 = fixed + 64.0 * slope;
+            let (lo, hi) = (at64 / fmax, at64 / fmin);
+            let v = if lo.is_finite() { verdict(lo, hi) } else { "-" };
+            println!(
+                "{mode:<9} {label:<12} {fixed:>8.2} {slope:>11.3} {at64:>24.1} {:>19} {:>12}   {v}",
+                format!("{lo:.2}..{hi:.2}"),
+                format!("{:.2}..{:.2}", lo / 10.0, hi / 10.0)
+            );
+            fj.insert(
+                key.into(),
+                json!({
+                    "points": pts,
+                    "fixed_ms_per_tick": fixed,
+                    "slope_ms_per_tick_per_gib": slope,
+                    "at_64g_ms_per_tick": at64,
+                    "native_estimate_64g_ms_per_tick": [lo, hi],
+                    "native_estimate_64g_percent_of_a_core_at_1s": [lo / 10.0, hi / 10.0],
+                    "verdict": v,
+                }),
+            );
+        }
         let (mib, excess) = rows
             .iter()
             .filter(|r| r.mode == mode)
@@ -729,35 +817,25 @@ fn bench(c: &mut Checks, a: &CpuBenchArgs) -> Option<()> {
             })
             .fold((0.0, 0.0), |(m, e), (m1, e1)| (m + m1, e + e1));
         let per_mib = (mib > 0.0).then(|| excess / mib);
-        let moving = per_mib.map_or("-".to_owned(), |x| {
-            format!("{x:>13.2}  {:.2}..{:.2}", x / mmax, x / mmin)
-        });
-        let Some((fixed, slope)) = fit(&pts) else {
-            println!("{mode:<9} (needs quiet ticks at two sizes) {moving:>76}");
-            fits.push(json!({ "tracking": mode, "points": pts, "moving_ms_per_mib": per_mib }));
-            continue;
-        };
-        let at64 = fixed + 64.0 * slope;
-        let (lo, hi) = (at64 / fmax, at64 / fmin);
-        let v = if lo.is_finite() { verdict(lo, hi) } else { "-" };
-        println!(
-            "{mode:<9} {fixed:>8.2} {slope:>11.3} {at64:>24.1} {:>19} {:>12}   {v:<9} {moving}",
-            format!("{lo:.2}..{hi:.2}"),
-            format!("{:.2}..{:.2}", lo / 10.0, hi / 10.0)
+        fj.insert("moving_ms_per_mib".into(), json!(per_mib));
+        fj.insert(
+            "moving_native_estimate_ms_per_mib".into(),
+            json!(per_mib.map(|x| [x / mmax, x / mmin])),
         );
-        fits.push(json!({
-            "tracking": mode,
-            "points": pts,
-            "fixed_ms_per_tick": fixed,
-            "slope_ms_per_tick_per_gib": slope,
-            "at_64g_ms_per_tick": at64,
-            "native_estimate_64g_ms_per_tick": [lo, hi],
-            "native_estimate_64g_percent_of_a_core_at_1s": [lo / 10.0, hi / 10.0],
-            "verdict": v,
-            "moving_ms_per_mib": per_mib,
-            "moving_native_estimate_ms_per_mib": per_mib.map(|x| [x / mmax, x / mmin]),
-        }));
+        fits.push((mode, per_mib, Value::Object(fj)));
     }
+    println!("moving: CPU above the quiet baseline per MiB moved, native estimate = that / factor ({mmin:.1}..{mmax:.1}, copying included)");
+    for (mode, per_mib, _) in &fits {
+        match per_mib {
+            Some(x) => println!(
+                "{mode:<9} {x:>8.2} ms per MiB ({clock}), native estimate {:.3}..{:.3} ms per MiB",
+                x / mmax,
+                x / mmin
+            ),
+            None => println!("{mode:<9} nothing moved"),
+        }
+    }
+    let fits: Vec<Value> = fits.into_iter().map(|f| f.2).collect();
     c.check(
         rows.iter().all(|r| r.summary.amortised_ms.is_some()),
         "every row had quiet ticks",
