@@ -11,7 +11,7 @@
 //! (`CLOCK_PROCESS_CPUTIME_ID` around `Engine::tick`: move_pages copying is charged to it),
 //! and pages migrated on the whole machine (`/proc/vmstat` pgmigrate_success, over the tick
 //! and the sleep before it: judged from outside, not from the engine's counters). A tick
-//! with no page migrated is *quiet*; the steady cost is the quiet ticks' mean, with the
+//! with no page migrated is *quiet*; the steady cost is the quiet ticks' median, with the
 //! placement-refresh ticks (every `refresh_ticks`) averaged separately and amortised; the
 //! moving cost is the CPU above that baseline in the other ticks per MiB moved. kdamond's
 //! CPU (DAMON's kernel thread, not vmtierd's) is read from /proc over the measured ticks.
@@ -282,9 +282,9 @@ struct Summary {
     quiet: usize,
     /// Quiet refresh ticks.
     quiet_refresh: usize,
-    /// Mean CPU of the quiet non-refresh ticks, ms.
+    /// Median CPU of the quiet non-refresh ticks, ms.
     steady_ms: Option<f64>,
-    /// Mean CPU of the quiet refresh ticks, ms.
+    /// Median CPU of the quiet refresh ticks, ms.
     refresh_ms: Option<f64>,
     /// The steady CPU per tick with the refresh amortised over `refresh_ticks` ticks, ms;
     /// the non-refresh mean when no quiet refresh tick was measured (`refresh_covered`).
@@ -305,18 +305,32 @@ fn mean(v: impl Iterator<Item = f64>) -> Option<f64> {
     (n > 0).then(|| s / n as f64)
 }
 
+/// The median (the mean of the middle two of an even count); `None` when empty. Under TCG a
+/// tick's CPU time includes the time the host did not run the vCPU, so ticks on a loaded host
+/// have outliers: the median is the typical tick.
+fn median(v: impl Iterator<Item = f64>) -> Option<f64> {
+    let mut v: Vec<f64> = v.collect();
+    v.sort_by(f64::total_cmp);
+    let n = v.len();
+    match n {
+        0 => None,
+        _ if n % 2 == 1 => Some(v[n / 2]),
+        _ => Some((v[n / 2 - 1] + v[n / 2]) / 2.0),
+    }
+}
+
 /// Splits the ticks into quiet and moving and computes the steady and moving costs.
 #[allow(clippy::cast_precision_loss)]
 fn summarise(samples: &[Sample], refresh_ticks: u64) -> Summary {
     let quiet = |s: &&Sample| s.moved_pages == 0;
-    let steady_ms = mean(
+    let steady_ms = median(
         samples
             .iter()
             .filter(quiet)
             .filter(|s| !s.refresh)
             .map(|s| s.cpu_ms),
     );
-    let refresh_ms = mean(
+    let refresh_ms = median(
         samples
             .iter()
             .filter(quiet)
@@ -959,7 +973,15 @@ mod tests {
                 (Some(2.0), Some(12.0), Some(3.0), true),
                 (1, 1.0, Some(20.0)),
             ),
-            // Refreshes off: the quiet mean is the steady cost, covered.
+            // A loaded tick (40 ms) does not move the median.
+            (
+                vec![s(1, 2.0, 0), s(2, 40.0, 0), s(3, 2.0, 0)],
+                10,
+                (3, 0),
+                (Some(2.0), None, Some(2.0), false),
+                (0, 0.0, None),
+            ),
+            // Refreshes off: the quiet median is the steady cost, covered.
             (
                 vec![s(1, 4.0, 0), s(2, 6.0, 0)],
                 0,
@@ -988,6 +1010,19 @@ mod tests {
             assert_eq!(got.moving_ticks, mt, "{samples:?}");
             assert!((got.moved_mib - mib).abs() < 1e-9, "{samples:?}");
             assert_eq!(got.ms_per_mib, per, "{samples:?}");
+        }
+    }
+
+    #[test]
+    fn median_is_the_middle_or_the_mean_of_the_middle_two() {
+        let cases: [(&[f64], Option<f64>); 4] = [
+            (&[], None),
+            (&[3.0], Some(3.0)),
+            (&[9.0, 1.0, 2.0], Some(2.0)),
+            (&[1.0, 100.0, 2.0, 4.0], Some(3.0)),
+        ];
+        for (v, want) in cases {
+            assert_eq!(median(v.iter().copied()), want, "{v:?}");
         }
     }
 
