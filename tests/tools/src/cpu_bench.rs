@@ -747,7 +747,7 @@ fn bench(c: &mut Checks, a: &CpuBenchArgs) -> Option<()> {
         );
     }
     if rows.iter().any(|r| !r.summary.refresh_covered) {
-        println!("* no quiet refresh tick measured: the non-refresh mean, refresh not included");
+        println!("* no quiet refresh tick measured: the non-refresh median, refresh not included");
     }
     if let Some(f) = &factors {
         println!("emulation factors (testbed time / native time, same code):");
