@@ -44,11 +44,6 @@ pub struct CpuBenchArgs {
     /// Ticks measured per size and tracking mode (1 s each), after the warm-up ticks.
     #[arg(long, default_value_t = 30)]
     ticks: u64,
-    /// Ticks after the measured ones with the budget raised to the whole size (nothing left
-    /// to place once the rest is in DRAM): tracking and planning on a settled placement,
-    /// whatever the policy does under pressure. 0: none.
-    #[arg(long, default_value_t = 12)]
-    settle: u64,
     /// Warm-up ticks per size and tracking mode, not measured.
     #[arg(long, default_value_t = 2)]
     warmup: u64,
@@ -415,9 +410,6 @@ struct Row {
     source: String,
     samples: Vec<Sample>,
     summary: Summary,
-    /// The ticks with the budget at the whole size.
-    settled: Vec<Sample>,
-    settled_summary: Summary,
     kdamond_ms_per_tick: f64,
 }
 
@@ -530,24 +522,14 @@ fn measure(
     let source = engine.status(&vm).ok()?.source;
     let mut next = Instant::now();
     let mut samples = Vec::new();
-    let mut settled = Vec::new();
     let mut moved0 = vmstat("pgmigrate_success");
     let mut k0 = kdamond_ticks();
-    let mut kd = 0;
     let mut engine_moved0 = 0;
-    let measured = a.warmup + a.ticks;
-    for i in 0..measured + a.settle {
+    for i in 0..a.warmup + a.ticks {
         next += Duration::from_secs(1);
         std::thread::sleep(next.saturating_duration_since(Instant::now()));
         if i == a.warmup {
             k0 = kdamond_ticks();
-        }
-        if i == measured {
-            kd = kdamond_ticks().saturating_sub(k0);
-            if let Err(e) = engine.set_budget(&vm, ByteSize(len)) {
-                c.fatal(&format!("{what}: raise the budget to the whole size"), e);
-                return None;
-            }
         }
         let cpu0 = process_cpu();
         engine.tick();
@@ -555,29 +537,24 @@ fn measure(
         let moved = vmstat("pgmigrate_success");
         let m = engine.status(&vm).ok()?.metrics;
         let by_engine = m.promoted_bytes + m.demoted_bytes;
-        let sample = Sample {
-            tick: m.ticks,
-            cpu_ms: cpu.as_secs_f64() * 1e3,
-            moved_pages: moved.saturating_sub(moved0),
-            refresh: refresh_ticks > 0 && m.ticks % refresh_ticks == 0,
-            engine_moved_bytes: by_engine.saturating_sub(engine_moved0),
-        };
-        if i >= measured {
-            settled.push(sample);
-        } else if i >= a.warmup {
-            samples.push(sample);
+        if i >= a.warmup {
+            samples.push(Sample {
+                tick: m.ticks,
+                cpu_ms: cpu.as_secs_f64() * 1e3,
+                moved_pages: moved.saturating_sub(moved0),
+                refresh: refresh_ticks > 0 && m.ticks % refresh_ticks == 0,
+                engine_moved_bytes: by_engine.saturating_sub(engine_moved0),
+            });
         }
         engine_moved0 = by_engine;
         moved0 = moved;
     }
-    if a.settle == 0 {
-        kd = kdamond_ticks().saturating_sub(k0);
-    }
+    let kd = kdamond_ticks().saturating_sub(k0);
     // SAFETY: sysconf has no preconditions.
     let hz = u64::try_from(unsafe { libc::sysconf(libc::_SC_CLK_TCK) }).unwrap_or(100);
     let st = engine.status(&vm).ok()?;
     c.check(
-        st.metrics.ticks == measured + a.settle && !st.summary.state.starts_with("failed"),
+        st.metrics.ticks == a.warmup + a.ticks && !st.summary.state.starts_with("failed"),
         &format!("{what}: the engine ticked on the process"),
         format!(
             "{} ticks, source {source}, state {}, {} migration errors",
@@ -586,15 +563,12 @@ fn measure(
     );
     let _ = engine.detach(&vm);
     let summary = summarise(&samples, refresh_ticks);
-    let settled_summary = summarise(&settled, refresh_ticks);
     Some(Row {
         mode,
         bytes: len,
         source,
         samples,
         summary,
-        settled,
-        settled_summary,
         kdamond_ms_per_tick: kd as f64 * 1e3 / hz.max(1) as f64 / a.ticks.max(1) as f64,
     })
 }
@@ -640,17 +614,6 @@ fn write_json(c: &mut Checks, path: &Path, doc: &Value) -> Option<()> {
     }
     println!("json {}", path.display());
     Some(())
-}
-
-fn ticks_json(v: &[Sample]) -> Vec<Value> {
-    v.iter()
-        .map(|t| {
-            json!({
-                "tick": t.tick, "cpu_ms": t.cpu_ms, "moved_pages": t.moved_pages, "refresh": t.refresh,
-                "engine_moved_bytes": t.engine_moved_bytes,
-            })
-        })
-        .collect()
 }
 
 fn loadavg() -> String {
@@ -786,30 +749,6 @@ fn bench(c: &mut Checks, a: &CpuBenchArgs) -> Option<()> {
     if rows.iter().any(|r| !r.summary.refresh_covered) {
         println!("* no quiet refresh tick measured: the non-refresh median, refresh not included");
     }
-    if a.settle > 0 {
-        println!(
-            "settled: {} more ticks per row with the budget raised to the whole size",
-            a.settle
-        );
-        println!(
-            "size      tracking  quiet  refresh  steady ms  refresh ms  amortised ms  MiB moved"
-        );
-        for r in &rows {
-            let s = &r.settled_summary;
-            println!(
-                "{:<9} {:<9} {:>5} {:>8} {} {} {}{} {:>10.1}",
-                ByteSize(r.bytes).to_string(),
-                r.mode,
-                format!("{}/{}", s.quiet + s.quiet_refresh, r.settled.len()),
-                s.quiet_refresh,
-                opt(s.steady_ms, 10),
-                opt(s.refresh_ms, 11),
-                opt(s.amortised_ms, 13),
-                if s.refresh_covered { " " } else { "*" },
-                s.moved_mib,
-            );
-        }
-    }
     if let Some(f) = &factors {
         println!("emulation factors (testbed time / native time, same code):");
         for (name, kind, x) in f {
@@ -843,20 +782,13 @@ fn bench(c: &mut Checks, a: &CpuBenchArgs) -> Option<()> {
     println!(
         "fit per tracking mode over the quiet ticks: ms per tick = fixed + slope x GiB (all: refresh amortised; no refresh: without it); at 64 GiB; native estimate = that / factor ({fmin:.1}..{fmax:.1}); target <= {TARGET_MS_PER_TICK_64G} ms per tick (1 % of a core at 1 s)"
     );
-    println!("tracking  ticks         fixed ms  ms per GiB  64 GiB ms ({clock})  native estimate ms  % of a core   verdict");
+    println!("tracking  ticks        fixed ms  ms per GiB  64 GiB ms ({clock})  native estimate ms  % of a core   verdict");
     let mut fits = Vec::new();
     for (mode, _, _) in MODES {
-        let points = |settled: bool, f: fn(&Summary) -> Option<f64>| -> Vec<(f64, f64)> {
+        let points = |f: fn(&Summary) -> Option<f64>| -> Vec<(f64, f64)> {
             rows.iter()
                 .filter(|r| r.mode == mode)
-                .filter_map(|r| {
-                    let s = if settled {
-                        &r.settled_summary
-                    } else {
-                        &r.summary
-                    };
-                    Some((r.bytes as f64 / f64::from(1u32 << 30), f(s)?))
-                })
+                .filter_map(|r| Some((r.bytes as f64 / f64::from(1u32 << 30), f(&r.summary)?)))
                 .collect()
         };
         // A point needs MIN_QUIET quiet ticks; with the refresh, a quiet refresh tick too.
@@ -868,17 +800,11 @@ fn bench(c: &mut Checks, a: &CpuBenchArgs) -> Option<()> {
         let mut fj = serde_json::Map::new();
         fj.insert("tracking".into(), json!(mode));
         for (label, key, pts) in [
-            ("all", "all_ticks", points(false, all)),
-            ("no refresh", "without_refresh", points(false, no_refresh)),
-            ("settled", "settled", points(true, all)),
-            (
-                "settled, no r",
-                "settled_without_refresh",
-                points(true, no_refresh),
-            ),
+            ("all", "all_ticks", points(all)),
+            ("no refresh", "without_refresh", points(no_refresh)),
         ] {
             let Some((fixed, slope)) = fit(&pts) else {
-                println!("{mode:<9} {label:<13} (needs {MIN_QUIET} quiet ticks, and with the refresh a quiet refresh tick, at two sizes)");
+                println!("{mode:<9} {label:<12} (needs {MIN_QUIET} quiet ticks, and with the refresh a quiet refresh tick, at two sizes)");
                 fj.insert(key.into(), json!({ "points": pts }));
                 continue;
             };
@@ -891,7 +817,7 @@ fn bench(c: &mut Checks, a: &CpuBenchArgs) -> Option<()> {
                 "-"
             };
             println!(
-                "{mode:<9} {label:<13} {fixed:>8.2} {slope:>11.3} {at64:>24.1} {:>19} {:>12}   {v}",
+                "{mode:<9} {label:<12} {fixed:>8.2} {slope:>11.3} {at64:>24.1} {:>19} {:>12}   {v}",
                 format!("{lo:.2}..{hi:.2}"),
                 format!("{:.2}..{:.2}", lo / 10.0, hi / 10.0)
             );
@@ -973,16 +899,10 @@ fn bench(c: &mut Checks, a: &CpuBenchArgs) -> Option<()> {
                     "moved_mib": s.moved_mib,
                     "moving_ms_per_mib": s.ms_per_mib,
                     "kdamond_ms_per_tick": r.kdamond_ms_per_tick,
-                    "per_tick": ticks_json(&r.samples),
-                    "settled": {
-                        "quiet_ticks": r.settled_summary.quiet,
-                        "quiet_refresh_ticks": r.settled_summary.quiet_refresh,
-                        "steady_ms_per_tick": r.settled_summary.steady_ms,
-                        "refresh_ms_per_tick": r.settled_summary.refresh_ms,
-                        "amortised_ms_per_tick": r.settled_summary.amortised_ms,
-                        "moved_mib": r.settled_summary.moved_mib,
-                        "per_tick": ticks_json(&r.settled),
-                    },
+                    "per_tick": r.samples.iter().map(|t| json!({
+                        "tick": t.tick, "cpu_ms": t.cpu_ms, "moved_pages": t.moved_pages, "refresh": t.refresh,
+                        "engine_moved_bytes": t.engine_moved_bytes,
+                    })).collect::<Vec<_>>(),
                 })
             })
             .collect();
@@ -991,7 +911,6 @@ fn bench(c: &mut Checks, a: &CpuBenchArgs) -> Option<()> {
             "thp": a.thp,
             "ticks": a.ticks,
             "warmup": a.warmup,
-            "settle": a.settle,
             "target_ms_per_tick_64g": TARGET_MS_PER_TICK_64G,
             "micro_here": here,
             "micro_native": native,
