@@ -854,11 +854,19 @@ fn bench(c: &mut Checks, a: &CpuBenchArgs) -> Option<()> {
     }
     println!("moving: CPU above the quiet baseline per MiB moved, native estimate = that / factor ({mmin:.1}..{mmax:.1}, copying included)");
     for (mode, per_mib, _) in &fits {
+        let moved: f64 = rows
+            .iter()
+            .filter(|r| r.mode == *mode)
+            .map(|r| r.summary.moved_mib)
+            .sum();
         match per_mib {
             Some(x) => println!(
                 "{mode:<9} {x:>8.2} ms per MiB ({clock}), native estimate {:.3}..{:.3} ms per MiB",
                 x / mmax,
                 x / mmin
+            ),
+            None if moved > 0.0 => println!(
+                "{mode:<9} {moved:.1} MiB moved, but no quiet tick to measure the moving cost against"
             ),
             None => println!("{mode:<9} nothing moved"),
         }
