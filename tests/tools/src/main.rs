@@ -7,6 +7,7 @@ mod api;
 mod bench_e2e;
 mod check;
 mod cpu_bench;
+mod cpu_factor;
 mod daemon;
 mod faults;
 mod guest;
@@ -83,8 +84,9 @@ enum Cmd {
     /// vmtierd's HTTP API on the workload guest: budget through the API (DRAM follows),
     /// refusals change nothing, /metrics checked by promtool, schemathesis contract test.
     Api(api::ApiArgs),
-    /// Natively, not in the testbed: vmtierd's CPU time per tick on a local process, per
-    /// tracking mode; table and JSON (`make bench-cpu`).
+    /// vmtierd's CPU time per tick on a local process, per tracking mode: quiet ticks apart
+    /// from moving ones, fixed + per GiB over sizes, emulation factors; table and JSON
+    /// (`make bench-cpu`: natively, or in the testbed when this host has no usable source).
     CpuBench(cpu_bench::CpuBenchArgs),
 }
 
