@@ -203,54 +203,6 @@ fn kdamond_ticks() -> u64 {
     sum
 }
 
-/// `struct perf_event_attr` up to `config1` (`PERF_ATTR_SIZE_VER0`, 64 bytes).
-#[repr(C)]
-#[derive(Default)]
-struct PerfEventAttr {
-    kind: u32,
-    size: u32,
-    config: u64,
-    sample_period: u64,
-    sample_type: u64,
-    read_format: u64,
-    flags: u64,
-    wakeup_events: u32,
-    bp_type: u32,
-    config1: u64,
-}
-
-/// Opens a task-bound dummy perf event on this process and keeps it for the run: perf's
-/// scheduler hooks then stay on, so the DAMON source's perf events opening and closing per
-/// row patch no kernel text (under multi-threaded TCG a patched `__schedule` can Oops on a
-/// stale int3, docs/testbed.md). `None` if perf refuses (then the hooks come and go).
-fn hold_perf_sched_hooks() -> Option<std::os::fd::OwnedFd> {
-    use std::os::fd::FromRawFd;
-    const PERF_TYPE_SOFTWARE: u32 = 1;
-    const PERF_COUNT_SW_DUMMY: u64 = 9;
-    const PERF_FLAG_FD_CLOEXEC: libc::c_ulong = 1 << 3;
-    let attr = PerfEventAttr {
-        kind: PERF_TYPE_SOFTWARE,
-        size: u32::try_from(std::mem::size_of::<PerfEventAttr>()).unwrap_or(64),
-        config: PERF_COUNT_SW_DUMMY,
-        ..PerfEventAttr::default()
-    };
-    // SAFETY: perf_event_open reads `attr.size` bytes of a valid, initialized attr that lives
-    // across the call; the other arguments are plain integers.
-    let fd = unsafe {
-        libc::syscall(
-            libc::SYS_perf_event_open,
-            std::ptr::addr_of!(attr),
-            0i32,
-            -1i32,
-            -1i32,
-            PERF_FLAG_FD_CLOEXEC,
-        )
-    };
-    let fd = i32::try_from(fd).ok().filter(|fd| *fd >= 0)?;
-    // SAFETY: perf_event_open returned a new fd that nothing else owns.
-    Some(unsafe { std::os::fd::OwnedFd::from_raw_fd(fd) })
-}
-
 struct Kill(Child);
 impl Drop for Kill {
     fn drop(&mut self) {
@@ -649,12 +601,6 @@ fn micro_only(c: &mut Checks, a: &CpuBenchArgs) -> Option<()> {
 #[allow(clippy::cast_precision_loss, clippy::too_many_lines)]
 fn bench(c: &mut Checks, a: &CpuBenchArgs) -> Option<()> {
     let clock = check::clock();
-    let perf = hold_perf_sched_hooks();
-    if perf.is_none() {
-        println!(
-            "cpu-bench: note: no task-bound perf event: perf's scheduler hooks switch per row"
-        );
-    }
     let native: Option<Value> = match &a.native_micro {
         None => None,
         Some(p) => {
@@ -700,12 +646,6 @@ fn bench(c: &mut Checks, a: &CpuBenchArgs) -> Option<()> {
         } else {
             println!("cpu-bench: kernel.numa_balancing was {nb}, set to 0 for the run");
         }
-    }
-    let _perf = hold_perf_sched_hooks();
-    if _perf.is_none() {
-        println!(
-            "cpu-bench: note: no task-bound perf event: perf's scheduler hooks switch per row"
-        );
     }
     let mut rows = Vec::new();
     for &size in &a.sizes {
