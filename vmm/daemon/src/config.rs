@@ -206,9 +206,14 @@ pub struct DaemonConfig {
     /// Placement granule: the unit of tracking and migration, a power of two from 4K to 2M.
     /// 2M moves transparent huge pages whole. Default 2M.
     pub granule: GranuleSize,
-    /// Re-read where every page really is every this many ticks (the kernel may move
-    /// pages too). Default 10.
+    /// Re-read where pages really are every this many ticks (the kernel may move pages
+    /// too). Default 10.
     pub refresh_ticks: u64,
+    /// How the periodic refresh reads placement: `sampled` (a few probe pages per granule,
+    /// the whole granule only where a probe disagrees with what vmtierd believes) or `full`
+    /// (every page). The first read at attach and the one after a layout change are always
+    /// full. Default `sampled`.
+    pub refresh: RefreshMode,
     /// How pages move: `auto` (the vmtier kernel module for private anonymous 4 KiB pages
     /// when `/dev/vmtier` exists, move_pages(2) for the rest), `move_pages`, or `kmod`
     /// (the module required). Default `auto`.
@@ -222,6 +227,18 @@ pub struct DaemonConfig {
     /// percent of the VM's, that keep 4 KiB detail where their heat is mixed; 0 = off,
     /// at most 100. Default 0.
     pub detail_percent: u8,
+}
+
+/// `[daemon] refresh`: how the periodic placement refresh reads where pages are.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum RefreshMode {
+    /// [`REFRESH_PROBES`](crate::engine::REFRESH_PROBES) pages per granule, the whole
+    /// granule where they disagree with the store.
+    #[default]
+    Sampled,
+    /// Every page.
+    Full,
 }
 
 /// `[daemon] migrator`: how pages move.
@@ -250,6 +267,7 @@ impl Default for DaemonConfig {
             policy_params: toml::Table::new(),
             granule: GranuleSize::HUGE,
             refresh_ticks: 10,
+            refresh: RefreshMode::Sampled,
             migrator: MigratorChoice::Auto,
             kmod_engine: CopyEngine::Auto,
             kmod_workers: 0,
@@ -536,6 +554,7 @@ mod tests {
             ("[daemon]\ngranule = \"lots\"\n", "Invalid size"),
             ("[daemon]\nfast_node = 1\n", "both 1"),
             ("[daemon]\nsource = \"magic\"\n", "line 2, column 10: unknown variant `magic`, expected one of `auto`, `damon`, `damon-vaddr`, `soft-dirty`"),
+            ("[daemon]\nrefresh = \"some\"\n", "line 2, column 11: unknown variant `some`, expected `sampled` or `full`"),
             ("[daemon]\nmigrator = \"teleport\"\n", "line 2, column 12: unknown variant `teleport`, expected one of `auto`, `move_pages`, `kmod`"),
             ("[daemon]\nkmod_engine = \"gpu\"\n", "line 2, column 15: unknown variant `gpu`, expected one of `auto`, `cpu`, `dma`"),
             ("[daemon]\nkmod_engine = 1\n", "line 2, column 15"),
@@ -600,7 +619,7 @@ mod tests {
     #[test]
     fn bounds_and_names_that_users_write_are_accepted() {
         type Check = fn(&Config) -> bool;
-        let cases: [(&str, Check); 12] = [
+        let cases: [(&str, Check); 13] = [
             ("interval_ms = 10", |c| c.daemon.interval_ms == 10),
             ("interval_ms = 3600000", |c| {
                 c.daemon.interval_ms == 3_600_000
@@ -610,6 +629,9 @@ mod tests {
                 c.daemon.rate_limit_mbps == 1_000_000
             }),
             ("refresh_ticks = 0", |c| c.daemon.refresh_ticks == 0),
+            ("refresh = \"full\"", |c| {
+                c.daemon.refresh == RefreshMode::Full
+            }),
             ("kmod_workers = 64", |c| c.daemon.kmod_workers == 64),
             ("fast_node = 1023", |c| c.daemon.fast_node.raw() == 1023),
             ("source = \"damon\"", |c| {

@@ -49,6 +49,7 @@ use vmtier_core::{
 };
 use vmtier_sources::store::{Error as StoreError, HotnessStore, StoreConfig, HISTOGRAM_BUCKETS};
 
+use crate::config::RefreshMode;
 use crate::hints::{HintFeed, HintParts, HintTracker, MISBEHAVING_FOR};
 use crate::proto::{NodeBytes, Reply, Request, Response, VmMetrics, VmStatus, VmSummary};
 use crate::ring::{RingSize, TickInfo, TickRing};
@@ -133,6 +134,8 @@ pub struct EngineConfig {
     pub granule: GranuleSize,
     /// Re-read the real placement every this many ticks.
     pub refresh_ticks: u64,
+    /// How the periodic refresh reads it.
+    pub refresh: RefreshMode,
     /// Capacity of the fast node, bytes (budgets above it are refused); `None` = unknown.
     pub fast_node_bytes: Option<u64>,
     /// Hybrid tracking: percent of 2 MiB regions that may keep 4 KiB detail; 0 = off.
@@ -570,7 +573,7 @@ impl Engine {
             pins_at: PinnedGranules::default(),
         };
         self.migrator.add_layout(&vm.layout);
-        if let Err(e) = refresh_placement(&self.cfg, self.locator.as_mut(), &mut vm) {
+        if let Err(e) = refresh_placement(&self.cfg, self.locator.as_mut(), &mut vm, true) {
             vm.parts.source.detach();
             self.migrator.remove_layout(vm.layout.pid);
             return Err(Error::Locate(name, e));
@@ -1062,32 +1065,150 @@ fn locate_granules(
     Ok(())
 }
 
-/// Re-reads where every page is; updates the store's tiers and the per-node bytes. A
-/// granule with pages on both nodes is charged to DRAM and its promotion completed later.
+/// Re-reads where pages are; updates the store's tiers and the per-node bytes. `full`: every
+/// page of every granule; otherwise [`REFRESH_PROBES`] probe pages per granule
+/// ([`probe_pages`]), and every page only of the granules where a probe disagrees with the
+/// store, that have a mixed retry pending, or that are split (hybrid tracking). A whole move
+/// of a granule behind vmtierd's back is always seen; a move of a fraction f of its pages is
+/// seen with probability about 1 − (1 − f)^4 per refresh (a half: always, the probes are one
+/// per quarter). The per-node bytes of a probed granule are its size on the probes' node.
 fn refresh_placement(
     cfg: &EngineConfig,
     locator: &mut dyn PageLocator,
     vm: &mut Vm,
+    full: bool,
 ) -> Result<(), MigrateError> {
     let mut per_node: BTreeMap<NodeId, u64> = BTreeMap::new();
     let n = u32::try_from(vm.store.len()).unwrap_or(u32::MAX);
-    let mut tiers: Vec<(Granule, Placement)> = Vec::new();
-    // Hybrid tracking: split regions take their pages' tiers one by one.
-    let split: Vec<bool> = if vm.store.is_hybrid() {
-        (0..n)
-            .map(|g| vm.store.detail(Granule(g)).is_some())
-            .collect()
+    let all = (0..n).map(Granule);
+    if full {
+        relocate(cfg, locator, vm, all, &mut per_node)?;
     } else {
-        Vec::new()
-    };
+        let suspects = probe_granules(cfg, locator, vm, all, &mut per_node)?;
+        relocate(cfg, locator, vm, suspects.into_iter(), &mut per_node)?;
+    }
+    vm.per_node = per_node
+        .into_iter()
+        .map(|(node, bytes)| NodeBytes { node, bytes })
+        .collect();
+    Ok(())
+}
+
+/// Probe pages per granule in a sampled refresh ([`RefreshMode::Sampled`]).
+pub const REFRESH_PROBES: u64 = 4;
+
+/// The page indices a sampled refresh probes in granule `g` of `pages` pages in refresh
+/// `round`: one in each of up to [`REFRESH_PROBES`] equal parts (the last takes the
+/// remainder), at an offset that changes from round to round and granule to granule.
+fn probe_pages(g: Granule, pages: u64, round: u64) -> impl Iterator<Item = u64> {
+    let parts = REFRESH_PROBES.min(pages);
+    let part = pages.checked_div(parts).unwrap_or(0);
+    (0..parts).map(move |j| {
+        let len = if j + 1 == parts {
+            pages - j * part
+        } else {
+            part
+        };
+        let mix = round
+            .wrapping_mul(0x9e37_79b9)
+            .wrapping_add(u64::from(g.0).wrapping_mul(0x85eb_ca6b))
+            .wrapping_add(j.wrapping_mul(0xc2b2_ae35));
+        j * part + (mix >> 7) % len.max(1)
+    })
+}
+
+/// A sampled refresh's first pass: locates the probe pages of `granules`, adds the agreeing
+/// ones to `per_node`, and returns the granules that need every page read.
+fn probe_granules(
+    cfg: &EngineConfig,
+    locator: &mut dyn PageLocator,
+    vm: &Vm,
+    granules: impl Iterator<Item = Granule>,
+    per_node: &mut BTreeMap<NodeId, u64>,
+) -> Result<Vec<Granule>, MigrateError> {
+    let page = PageSize::Base.bytes();
+    let round = vm.tick.checked_div(cfg.refresh_ticks).unwrap_or(vm.tick);
+    let recs = vm.store.records();
+    let mut suspects = Vec::new();
+    let mut addrs: Vec<HostVirtAddr> = Vec::with_capacity(REFRESH_CHUNK);
+    let mut ends: Vec<(Granule, usize)> = Vec::new();
+    let mut locs = Vec::with_capacity(REFRESH_CHUNK);
+    let mut granules = granules.peekable();
+    while granules.peek().is_some() {
+        addrs.clear();
+        ends.clear();
+        while addrs.len() < REFRESH_CHUNK {
+            let Some(g) = granules.next() else { break };
+            let Some(span) = vm.store.span(g) else {
+                continue;
+            };
+            let mixed = vm.retries.get(&g).is_some_and(|r| r.mixed);
+            if mixed || vm.store.detail(g).is_some() {
+                suspects.push(g);
+                continue;
+            }
+            let pages = span.len / page;
+            addrs.extend(
+                probe_pages(g, pages, round).filter_map(|k| span.hva.checked_add(k * page)),
+            );
+            ends.push((g, addrs.len()));
+        }
+        if addrs.is_empty() {
+            continue;
+        }
+        locs.clear();
+        if vm.parts.backend.process_alive() == Some(false) {
+            return Err(MigrateError::ProcessGone(vm.layout.pid));
+        }
+        locator.locate(vm.layout.pid, &addrs, &mut locs)?;
+        let mut at = 0;
+        for &(g, end) in &ends {
+            let believed_fast = recs.get(g.index()).is_some_and(|r| r.is_fast());
+            let mut on: Option<NodeId> = None;
+            let mut disagree = false;
+            for l in locs.get(at..end).unwrap_or_default() {
+                if let PageLocation::On(node) = *l {
+                    disagree |=
+                        (node == cfg.fast_node) != believed_fast || on.is_some_and(|o| o != node);
+                    on = Some(node);
+                }
+            }
+            at = end;
+            match on {
+                _ if disagree => suspects.push(g),
+                Some(node) => {
+                    let len = vm.store.span(g).map_or(0, |s| s.len);
+                    *per_node.entry(node).or_default() += len;
+                }
+                // Nothing populated where the probes fell: nothing learned.
+                None => {}
+            }
+        }
+    }
+    Ok(suspects)
+}
+
+/// Reads every page of `granules`; updates their tiers (a granule with pages on both nodes
+/// is charged to DRAM and its promotion completed later) and adds to `per_node`.
+fn relocate(
+    cfg: &EngineConfig,
+    locator: &mut dyn PageLocator,
+    vm: &mut Vm,
+    granules: impl Iterator<Item = Granule>,
+    per_node: &mut BTreeMap<NodeId, u64>,
+) -> Result<(), MigrateError> {
+    let mut tiers: Vec<(Granule, Placement)> = Vec::new();
     let mut pages: Vec<(Granule, Vec<(HostVirtAddr, Tier)>)> = Vec::new();
+    let hybrid = vm.store.is_hybrid();
+    let store = &vm.store;
     locate_granules(
         cfg,
         locator,
         vm,
-        (0..n).map(Granule),
+        granules,
         |g, p, addrs, locs| {
-            if split.get(g.index()).copied().unwrap_or(false) {
+            // Hybrid tracking: split regions take their pages' tiers one by one.
+            if hybrid && store.detail(g).is_some() {
                 let on = addrs.iter().zip(locs).filter_map(|(&a, l)| match l {
                     PageLocation::On(node) if *node == cfg.fast_node => Some((a, Tier::Fast)),
                     PageLocation::On(_) => Some((a, Tier::Slow)),
@@ -1098,7 +1219,7 @@ fn refresh_placement(
                 tiers.push((g, p));
             }
         },
-        &mut per_node,
+        per_node,
     )?;
     for (g, t) in pages {
         vm.store.set_page_tiers(g, &t, false);
@@ -1119,10 +1240,6 @@ fn refresh_placement(
             vm.retries.remove(&g);
         }
     }
-    vm.per_node = per_node
-        .into_iter()
-        .map(|(node, bytes)| NodeBytes { node, bytes })
-        .collect();
     Ok(())
 }
 
@@ -1297,9 +1414,10 @@ fn tick_vm(
     }
 
     if vm.recheck_due || (cfg.refresh_ticks > 0 && vm.tick % cfg.refresh_ticks == 0) {
-        vm.recheck_due = false;
-        recheck_layout(cfg, migrator, vm)?;
-        match refresh_placement(cfg, locator, vm) {
+        // After a layout change every page is read; otherwise as configured.
+        let full = std::mem::take(&mut vm.recheck_due) || cfg.refresh == RefreshMode::Full;
+        let changed = recheck_layout(cfg, migrator, vm)?;
+        match refresh_placement(cfg, locator, vm, full || changed) {
             Ok(()) => {}
             Err(MigrateError::ProcessGone(_)) => return Err(Lost::ProcessExited),
             // Keep managing with what the store believes.
@@ -1742,17 +1860,17 @@ fn move_batch(
 
 /// Re-reads the VM's layout. A changed layout (memory hotplug) restarts tracking on the new
 /// one; a layout that cannot be read while the VM lives (QMP closed) keeps the last one and
-/// marks the VM degraded; a VM that is gone ends its management.
+/// marks the VM degraded; a VM that is gone ends its management. `Ok(true)`: it changed.
 fn recheck_layout(
     cfg: &EngineConfig,
     migrator: &mut dyn Migrator,
     vm: &mut Vm,
-) -> Result<(), Lost> {
+) -> Result<bool, Lost> {
     let name = vm.name.to_string();
     match vm.parts.backend.layout() {
         Ok(l) if l == vm.layout => {
             vm.problems.clear(&name, Component::Layout);
-            Ok(())
+            Ok(false)
         }
         Ok(l) => {
             info!(
@@ -1788,7 +1906,7 @@ fn recheck_layout(
                 }
             }
             vm.problems.clear(&name, Component::Layout);
-            Ok(())
+            Ok(true)
         }
         Err(BackendError::Gone(e)) => Err(Lost::VmGone(e)),
         Err(BackendError::Unavailable(e)) => {
@@ -1800,7 +1918,7 @@ fn recheck_layout(
                     err_chain(e.as_ref())
                 ),
             );
-            Ok(())
+            Ok(false)
         }
     }
 }
@@ -1834,6 +1952,8 @@ mod tests {
         moved: [u64; 2],
         /// Migrate calls made.
         calls: u64,
+        /// Pages located (placement queries).
+        located: u64,
         /// Each migrate call takes this long (a slow host, emulation).
         delay: Duration,
     }
@@ -1969,10 +2089,11 @@ mod tests {
             addrs: &[HostVirtAddr],
             out: &mut Vec<PageLocation>,
         ) -> Result<(), MigrateError> {
-            let w = self.0.lock().unwrap();
+            let mut w = self.0.lock().unwrap();
             if w.dead.contains(&pid.raw()) {
                 return Err(MigrateError::ProcessGone(pid));
             }
+            w.located += addrs.len() as u64;
             out.extend(addrs.iter().map(|a| {
                 w.node
                     .get(&(pid.raw(), a.raw()))
@@ -2013,6 +2134,7 @@ mod tests {
             rate_limit_bytes_per_s: rate_mbps * 1_000_000,
             granule: GranuleSize::HUGE,
             refresh_ticks: 5,
+            refresh: RefreshMode::Sampled,
             fast_node_bytes: Some(1 << 30),
             detail_percent: 0,
         };
@@ -2621,6 +2743,86 @@ mod tests {
 
     fn page(off: u64) -> (i32, u64) {
         (7, BASE + off)
+    }
+
+    #[test]
+    fn probe_pages_fall_one_per_part_and_move_between_rounds() {
+        // (pages) -> probes; each one inside its part, distinct.
+        for pages in [1u64, 2, 3, 4, 5, 511, 512] {
+            let parts = REFRESH_PROBES.min(pages);
+            let mut seen = Vec::new();
+            for round in 0..8 {
+                let p: Vec<u64> = probe_pages(Granule(3), pages, round).collect();
+                assert_eq!(p.len() as u64, parts, "{pages} pages");
+                for (j, &k) in p.iter().enumerate() {
+                    let part = pages / parts;
+                    let lo = j as u64 * part;
+                    let hi = if j as u64 + 1 == parts {
+                        pages
+                    } else {
+                        lo + part
+                    };
+                    assert!((lo..hi).contains(&k), "{pages} pages: probe {j} at {k}");
+                }
+                seen.push(p);
+            }
+            seen.dedup();
+            if pages >= 64 {
+                assert!(
+                    seen.len() > 4,
+                    "{pages} pages: probes barely move: {seen:?}"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn a_sampled_refresh_reads_a_few_pages_per_granule_and_sees_whole_moves() {
+        // 64 MiB = 32 granules of 512 pages; the hot 8 MiB in DRAM after three ticks. Then
+        // "the kernel" promotes a cold granule and demotes a hot one behind vmtierd's back.
+        // (mode, most pages the refresh tick may read, fewest)
+        let cases = [
+            (RefreshMode::Sampled, 32 * REFRESH_PROBES + 2 * 512, 32),
+            (RefreshMode::Full, u64::MAX, 32 * 512),
+        ];
+        for (mode, most, fewest) in cases {
+            let w = world(64 * MIB);
+            let (mut e, vm) = small_vm(&w);
+            e.cfg.refresh = mode;
+            for _ in 0..3 {
+                e.tick();
+            }
+            assert_eq!(hot_in_dram(&w, 0, 8 * MIB), 8 * MIB);
+            {
+                let mut g = w.lock().unwrap();
+                for k in 0..512 {
+                    g.node.insert(page(40 * MIB + k * 4096), NodeId::new(0));
+                    g.node.insert(page(2 * MIB + k * 4096), NodeId::new(1));
+                }
+            }
+            e.tick(); // tick 4
+            let before = w.lock().unwrap().located;
+            e.tick(); // tick 5 refreshes (refresh_ticks 5)
+            let read = w.lock().unwrap().located - before;
+            assert!(
+                (fewest..=most).contains(&read),
+                "{mode:?}: the refresh tick read {read} pages"
+            );
+            // What vmtierd believes now is what is real, and the hot set is restored.
+            let st = e.status(&vm).unwrap();
+            assert_eq!(st.summary.fast_bytes, dram_bytes(&w), "{mode:?}");
+            let node0: u64 = st
+                .per_node
+                .iter()
+                .filter(|n| n.node == NodeId::new(0))
+                .map(|n| n.bytes)
+                .sum();
+            assert_eq!(node0, dram_bytes(&w), "{mode:?}: per-node bytes");
+            for _ in 0..4 {
+                e.tick();
+            }
+            assert_eq!(hot_in_dram(&w, 0, 8 * MIB), 8 * MIB, "{mode:?}");
+        }
     }
 
     #[test]

@@ -115,6 +115,7 @@ fn main() -> ExitCode {
         rate_limit_bytes_per_s: d.rate_limit_mbps.saturating_mul(1_000_000),
         granule: d.granule,
         refresh_ticks: d.refresh_ticks,
+        refresh: d.refresh,
         fast_node_bytes: Some(fast_bytes),
         detail_percent: d.detail_percent,
     };
