@@ -1068,7 +1068,7 @@ fn locate_granules(
 /// Re-reads where pages are; updates the store's tiers and the per-node bytes. `full`: every
 /// page of every granule; otherwise [`REFRESH_PROBES`] probe pages per granule
 /// ([`probe_pages`]), and every page only of the granules where a probe disagrees with the
-/// store, that have a mixed retry pending, or that are split (hybrid tracking). A whole move
+/// store or that are split (hybrid tracking); granules with a retry pending are left to it. A whole move
 /// of a granule behind vmtierd's back is always seen; a move of a fraction f of its pages is
 /// seen with probability about 1 − (1 − f)^4 per refresh (a half: always, the probes are one
 /// per quarter). The per-node bytes of a probed granule are its size on the probes' node.
@@ -1142,9 +1142,19 @@ fn probe_granules(
             let Some(span) = vm.store.span(g) else {
                 continue;
             };
-            let mixed = vm.retries.get(&g).is_some_and(|r| r.mixed);
-            if mixed || vm.store.detail(g).is_some() {
+            if vm.store.detail(g).is_some() {
                 suspects.push(g);
+                continue;
+            }
+            // A granule with a move pending (a mixed one found last time, busy pages): its
+            // retry moves every page that is not yet where it belongs and reports the rest, so
+            // the refresh leaves it to the retry and charges it to the tier it is going to.
+            if let Some(r) = vm.retries.get(&g) {
+                let node = match r.target {
+                    Tier::Fast => cfg.fast_node,
+                    Tier::Slow => cfg.slow_node,
+                };
+                *per_node.entry(node).or_default() += span.len;
                 continue;
             }
             let pages = span.len / page;
