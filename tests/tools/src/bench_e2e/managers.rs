@@ -26,6 +26,8 @@ pub struct Env<'a> {
     pub node_ranges: Option<((u64, u64), (u64, u64))>,
     /// Where per-run files go.
     pub dir: PathBuf,
+    /// Extra `[daemon.policy_params]` lines for vmtierd.
+    pub vmtierd_params: &'a str,
 }
 
 /// One manager of the guest's placement.
@@ -128,6 +130,15 @@ impl Manager for Vmtierd {
             env.qmp.display(),
             env.budget.0 >> 10
         );
+        let config = if env.vmtierd_params.is_empty() {
+            config
+        } else {
+            config.replacen(
+                "\n\n[[vm]]",
+                &format!("\n[daemon.policy_params]\n{}\n\n[[vm]]", env.vmtierd_params),
+                1,
+            )
+        };
         let d = Daemon::start(&env.dir, &socket, &config).map_err(|e| e.to_string())?;
         let log = d.log_text();
         for key in ["hotness source:", "migrator:"] {
