@@ -68,9 +68,10 @@ pub struct Config {
     /// running (a sweep, a scan) never moves a granule ([`crate::payback`]). Costs 2 bytes
     /// per granule of history there. Default `false` (rank by heat alone, no budget-sized
     /// hot bin): in the e2e benchmark the rule did not reliably stop a sweep's ping-pong
-    /// (DAMON sees a sweep hot for two or three ticks running, like a new hot set), it delays
-    /// a 2 MiB granule's first promotion to its third tick, and the `vmtierd-hints` testbed
-    /// case fails with it on (docs/policies.md, "The payback rule").
+    /// (DAMON's regions blur a slow sweep over neighbouring granules for three ticks, like a
+    /// new hot set) and it delays a 2 MiB granule's first promotion to its third tick: 5.0-5.2
+    /// s to 90% of the e2e hot set against 2.1-3.1 s without (docs/policies.md, "Why it is
+    /// off by default").
     pub sustained_heat: bool,
     /// Displacement by worth: the heat margin a slow granule needs over a resident one is
     /// the resident's own heat, between 1 and `swap_margin` ([`select::worth_margin`]), so a

@@ -427,6 +427,19 @@ impl GuestPages {
         &self.gpas
     }
 
+    /// The pages of guest physical `[gpa, gpa + len)` alone, for a sample cheap enough to
+    /// take many times a tick.
+    pub fn within(&self, gpa: u64, len: u64) -> Self {
+        let g = &self.gpas;
+        let lo = g.partition_point(|&x| x < gpa);
+        let hi = g.partition_point(|&x| x < gpa.saturating_add(len));
+        Self {
+            pid: self.pid,
+            addrs: self.addrs[lo..hi].to_vec(),
+            gpas: g[lo..hi].to_vec(),
+        }
+    }
+
     /// Where every page is now.
     pub fn sample(&self) -> Result<PageNodes<'_>, vmtier_core::migrate::Error> {
         Ok(PageNodes {

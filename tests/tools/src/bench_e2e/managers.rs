@@ -26,6 +26,8 @@ pub struct Env<'a> {
     pub node_ranges: Option<((u64, u64), (u64, u64))>,
     /// Where per-run files go.
     pub dir: PathBuf,
+    /// Extra `[daemon.policy_params]` lines for vmtierd.
+    pub vmtierd_params: &'a str,
 }
 
 /// One manager of the guest's placement.
@@ -75,7 +77,8 @@ pub struct Vmtierd {
     poller: Option<Poller>,
 }
 
-/// Polls vmtierd's tick count twice a second.
+/// Polls vmtierd's tick count twice a second, over its socket from this process (a vmtierctl
+/// run takes over a second in the testbed: the count lagged by a tick or more).
 struct Poller {
     ticks: Arc<AtomicU64>,
     stop: Arc<AtomicBool>,
@@ -91,7 +94,7 @@ impl Poller {
         let (t, s) = (Arc::clone(&ticks), Arc::clone(&stop));
         let thread = std::thread::spawn(move || {
             while !s.load(Ordering::Relaxed) {
-                if let Some(st) = probe.status("guest") {
+                if let Some(st) = probe.status_direct("guest") {
                     t.store(st.metrics.ticks, Ordering::Relaxed);
                 }
                 std::thread::sleep(Duration::from_millis(500));
@@ -128,6 +131,15 @@ impl Manager for Vmtierd {
             env.qmp.display(),
             env.budget.0 >> 10
         );
+        let config = if env.vmtierd_params.is_empty() {
+            config
+        } else {
+            config.replacen(
+                "\n\n[[vm]]",
+                &format!("\n[daemon.policy_params]\n{}\n\n[[vm]]", env.vmtierd_params),
+                1,
+            )
+        };
         let d = Daemon::start(&env.dir, &socket, &config).map_err(|e| e.to_string())?;
         let log = d.log_text();
         for key in ["hotness source:", "migrator:"] {

@@ -81,6 +81,10 @@ pub struct BenchE2eArgs {
     /// JSON output file.
     #[arg(long, default_value = "target/bench/e2e.json")]
     out: PathBuf,
+    /// Extra `[daemon.policy_params]` lines for vmtierd's policy, e.g. `sustained_heat =
+    /// true` (empty: its defaults).
+    #[arg(long, default_value = "")]
+    vmtierd_params: String,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -541,6 +545,7 @@ fn run_one(
         budget,
         damos_quota: a.damos_quota,
         node_ranges: cx.node_ranges,
+        vmtierd_params: &a.vmtierd_params,
         dir: std::env::var("VMTIER_RUN")
             .map_or_else(|_| std::env::temp_dir(), PathBuf::from)
             .join("bench-e2e"),
@@ -680,6 +685,7 @@ fn run_one(
         "vmtierd_cpu_pct_core_per_64gib_at_1s": pct_64g.map(|x| (x * 100.0).round() / 100.0),
         "emulated": cx.emulated,
         "ram_policy": a.policy,
+        "vmtierd_params": a.vmtierd_params,
         "node0_watermarks": wm.to_json(),
         "vmstat_delta": vmstat,
         "t_s": w.t_s,
