@@ -1085,6 +1085,12 @@ fn refresh_placement(
         relocate(cfg, locator, vm, all, &mut per_node)?;
     } else {
         let suspects = probe_granules(cfg, locator, vm, all, &mut per_node)?;
+        debug!(
+            "{}: tick {}: sampled refresh: {} of {n} granules read whole",
+            vm.name,
+            vm.tick,
+            suspects.len()
+        );
         relocate(cfg, locator, vm, suspects.into_iter(), &mut per_node)?;
     }
     vm.per_node = per_node
