@@ -88,10 +88,16 @@ kmod:
 
 # Module copy engines vs move_pages(2) inside the testbed, median of 5 runs per row, every
 # row's residency checked: table + target/bench/kmod.json.
+# One table per TCG CPU model: max (ERMS: the kernel's copy is rep movsb, byte by byte
+# under TCG) and max,-erms,-fsrm (the unrolled copy loop); docs/kmod.md "Measured".
+BENCH_KMOD_CPUS ?= max max,-erms,-fsrm
 bench-kmod: build
-	tests/testbed/run --quiet --timeout 1800 -- $(BIN)/tbcheck kmod-bench --ko-dir $(TARGET)/kmod --out $(TARGET)/bench/kmod.json; \
-	rc=$$?; run=$$(ls -td $(TARGET)/testbed/runs/*/ | head -n 1); \
-	sed -n '/^kmod-bench: /,/^json /p' $$run/console.log; exit $$rc
+	@rc=0; for cpu in $(BENCH_KMOD_CPUS); do \
+	  out=$(TARGET)/bench/kmod-$$(echo $$cpu | tr ',' '_').json; \
+	  tests/testbed/run --quiet --timeout 1800 --cpu $$cpu -- $(BIN)/tbcheck kmod-bench --ko-dir $(TARGET)/kmod --out $$out || rc=1; \
+	  run=$$(ls -td $(TARGET)/testbed/runs/*/ | head -n 1); \
+	  echo "== cpu $$cpu ($$out)"; sed -n '/^kmod-bench: /,/^json /p' $$run/console.log; \
+	done; exit $$rc
 
 # The long ioctl fuzzer (the suite's kmod-fuzz case is a short run of it).
 FUZZ_CALLS ?= 100000

@@ -232,6 +232,11 @@ fn accel() -> (String, Value) {
     }
 }
 
+/// The CPU model the testbed gave the guest (`tests/testbed/run --cpu`), "host" outside it.
+fn cpu_model() -> String {
+    std::env::var("VMTIER_CPU_MODEL").unwrap_or_else(|_| "host".into())
+}
+
 pub fn run(c: &mut Checks, a: &KmodBenchArgs) {
     let Ok(len) = usize::try_from(a.size.0) else {
         return c.fatal("size", "too large");
@@ -323,10 +328,11 @@ pub fn run(c: &mut Checks, a: &KmodBenchArgs) {
         }
     }
     let (accel, emulated) = accel();
+    let cpu = cpu_model();
     let memcpy = rows.first().map_or(0.0, |r| r.gbps(len));
     let mp4k = rows.get(1).map_or(0.0, |r| r.gbps(len));
     println!(
-        "kmod-bench: {} per run, median of {runs} runs, node 1 -> node 0, accel {accel}{}",
+        "kmod-bench: {} per run, median of {runs} runs, node 1 -> node 0, accel {accel}, cpu {cpu}{}",
         ByteSize(len as u64),
         if accel == "tcg" {
             " (emulated: ratios only)"
@@ -401,6 +407,7 @@ pub fn run(c: &mut Checks, a: &KmodBenchArgs) {
             "bytes": len,
             "accel": accel,
             "emulated": emulated,
+            "cpu_model": cpu,
         }));
     }
     let best = rows
@@ -409,7 +416,7 @@ pub fn run(c: &mut Checks, a: &KmodBenchArgs) {
         .map(|r| (r.gbps(len), r.workers, r.batch))
         .fold((0.0, 0, 0), |a, b| if b.0 > a.0 { b } else { a });
     println!(
-        "kmod-bench: module 4K best {:.3} GB/s (workers {}, batch {}) = {:.2}x move_pages(2) \
+        "kmod-bench: cpu {cpu}: module 4K best {:.3} GB/s (workers {}, batch {}) = {:.2}x move_pages(2) \
          4K {:.3} GB/s; memcpy {:.3} GB/s; 2M goes through move_pages(2): migrate_vma on \
          6.12 has no MIGRATE_VMA_SELECT_COMPOUND and splits THPs",
         best.0,
@@ -424,6 +431,7 @@ pub fn run(c: &mut Checks, a: &KmodBenchArgs) {
         "runs": runs,
         "accel": accel,
         "emulated": emulated,
+        "cpu_model": cpu,
         "host_cpus": std::thread::available_parallelism().map_or(0, |n| n.get()),
         "module": {
             "abi": caps.abi_version,
