@@ -87,7 +87,7 @@ kmod:
 	$(MAKE) -C host-kmod KVER=$(KMOD_KVER) O=$(TARGET)/kmod TESTS=y
 
 # Module copy engines vs move_pages(2) inside the testbed, median of 5 runs per row, every
-# row's residency checked: table + target/bench/kmod.json.
+# row's residency checked: table + target/bench/kmod-CPU.json per testbed CPU model.
 # One table per TCG CPU model: max (ERMS: the kernel's copy is rep movsb, byte by byte
 # under TCG) and max,-erms,-fsrm (the unrolled copy loop); docs/kmod.md "Measured".
 BENCH_KMOD_CPUS ?= max max,-erms,-fsrm
