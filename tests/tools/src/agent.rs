@@ -71,18 +71,7 @@ struct Buf {
 
 impl Buf {
     fn anon(len: usize) -> std::io::Result<Self> {
-        // SAFETY: a fresh private anonymous mapping; the result is checked.
-        let ptr = unsafe {
-            libc::mmap(
-                std::ptr::null_mut(),
-                len,
-                libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
-                -1,
-                0,
-            )
-        };
-        Self::finish(ptr, len)
+        Self::finish(crate::mem::map_anon(len, None)?, len)
     }
 
     fn memfd(name: &str, len: usize) -> std::io::Result<Self> {

@@ -108,29 +108,18 @@ fn child(a: &CpuBenchArgs) -> i32 {
             return 1;
         }
     }
-    // SAFETY: an anonymous private mapping at an address of the kernel's choice; the result
-    // is checked before use.
-    let p = unsafe {
-        libc::mmap(
-            std::ptr::null_mut(),
-            len,
-            libc::PROT_READ | libc::PROT_WRITE,
-            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
-            -1,
-            0,
-        )
-    };
-    if p == libc::MAP_FAILED {
-        eprintln!("mmap {len} bytes failed");
-        return 1;
-    }
     let advice = if a.thp {
         libc::MADV_HUGEPAGE
     } else {
         libc::MADV_NOHUGEPAGE
     };
-    // SAFETY: advice on the mapping just made, of its own length.
-    unsafe { libc::madvise(p, len, advice) };
+    let p = match crate::mem::map_anon(len, Some(advice)) {
+        Ok(p) => p,
+        Err(e) => {
+            eprintln!("mmap {len} bytes failed: {e}");
+            return 1;
+        }
+    };
     let base = p.cast::<u8>();
     let pages = len / 4096;
     let touch = |i: usize, v: u8| {

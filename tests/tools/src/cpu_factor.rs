@@ -112,22 +112,7 @@ pub fn run() -> Result<Value, Error> {
 /// One `move_pages` query of [`QUERY_PAGES`] touched pages, ms, per repetition.
 fn query_ms() -> Result<Vec<f64>, Error> {
     let len = QUERY_PAGES * 4096;
-    // SAFETY: an anonymous private mapping at an address of the kernel's choice; checked.
-    let p = unsafe {
-        libc::mmap(
-            std::ptr::null_mut(),
-            len,
-            libc::PROT_READ | libc::PROT_WRITE,
-            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
-            -1,
-            0,
-        )
-    };
-    if p == libc::MAP_FAILED {
-        return Err(Error::Map(std::io::Error::last_os_error()));
-    }
-    // SAFETY: advice on the mapping just made, of its own length.
-    unsafe { libc::madvise(p, len, libc::MADV_NOHUGEPAGE) };
+    let p = crate::mem::map_anon(len, Some(libc::MADV_NOHUGEPAGE)).map_err(Error::Map)?;
     let base = p.cast::<u8>();
     let mut pages: Vec<*mut libc::c_void> = Vec::with_capacity(QUERY_PAGES);
     for i in 0..QUERY_PAGES {

@@ -19,25 +19,37 @@ pub struct AnonBuf {
     len: usize,
 }
 
+/// A fresh private anonymous read-write mapping of `len` bytes where the kernel chooses,
+/// with `advice` (`MADV_HUGEPAGE`, `MADV_NOHUGEPAGE`) if given. The caller unmaps it.
+pub fn map_anon(len: usize, advice: Option<libc::c_int>) -> std::io::Result<*mut libc::c_void> {
+    // SAFETY: a fresh anonymous private mapping; no existing memory is affected; the result
+    // is checked before use.
+    let p = unsafe {
+        libc::mmap(
+            std::ptr::null_mut(),
+            len,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+            -1,
+            0,
+        )
+    };
+    if p == libc::MAP_FAILED {
+        return Err(std::io::Error::last_os_error());
+    }
+    if let Some(a) = advice {
+        // SAFETY: advice on the mapping just made, of its own length.
+        unsafe { libc::madvise(p, len, a) };
+    }
+    Ok(p)
+}
+
 impl AnonBuf {
     /// Maps `len` bytes (a multiple of 2 MiB), with or without THP, bound to `node` while
     /// it is filled with [`pattern`], then left with the default policy.
     pub fn new_on_node(len: usize, thp: bool, node: u32) -> std::io::Result<Self> {
         let map_len = len + HUGE;
-        // SAFETY: a fresh anonymous private mapping; no existing memory is affected.
-        let map = unsafe {
-            libc::mmap(
-                std::ptr::null_mut(),
-                map_len,
-                libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
-                -1,
-                0,
-            )
-        };
-        if map == libc::MAP_FAILED {
-            return Err(std::io::Error::last_os_error());
-        }
+        let map = map_anon(map_len, None)?;
         let offset = (HUGE - (map as usize % HUGE)) % HUGE;
         // SAFETY: offset < HUGE, so start..start+len lies inside the mapping of len + HUGE.
         let start = unsafe { map.cast::<u8>().add(offset) }.cast::<u64>();

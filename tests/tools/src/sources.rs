@@ -60,22 +60,8 @@ struct HotBuf {
 
 impl HotBuf {
     fn new(len: usize, hot: usize) -> std::io::Result<Self> {
-        // SAFETY: a fresh anonymous private mapping; no existing memory is affected.
-        let map = unsafe {
-            libc::mmap(
-                std::ptr::null_mut(),
-                len,
-                libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
-                -1,
-                0,
-            )
-        };
-        if map == libc::MAP_FAILED {
-            return Err(std::io::Error::last_os_error());
-        }
-        // SAFETY: advice on our own mapping. Base pages keep the test per 4 KiB.
-        unsafe { libc::madvise(map, len, libc::MADV_NOHUGEPAGE) };
+        // Base pages keep the test per 4 KiB.
+        let map = crate::mem::map_anon(len, Some(libc::MADV_NOHUGEPAGE))?;
         let addr = map as usize;
         // Fault every page in, so the cold part is resident but then left alone.
         for off in (0..len).step_by(PAGE) {

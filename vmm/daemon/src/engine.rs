@@ -47,7 +47,9 @@ use vmtier_core::{
     error_chain as err_chain, ByteSize, GranuleSize, GuestMemoryLayout, GuestPhysAddr,
     HostVirtAddr, NodeId, PageSize, RegionAccess, VmId,
 };
-use vmtier_sources::store::{Error as StoreError, HotnessStore, StoreConfig, HISTOGRAM_BUCKETS};
+use vmtier_sources::store::{
+    Error as StoreError, GranuleSpan, HotnessStore, StoreConfig, HISTOGRAM_BUCKETS,
+};
 
 use crate::config::RefreshMode;
 use crate::hints::{HintFeed, HintParts, HintTracker, MISBEHAVING_FOR};
@@ -1025,29 +1027,13 @@ fn locate_granules(
     per_node: &mut BTreeMap<NodeId, u64>,
 ) -> Result<(), MigrateError> {
     let page = PageSize::Base.bytes();
-    let mut addrs: Vec<HostVirtAddr> = Vec::with_capacity(REFRESH_CHUNK);
-    let mut ends: Vec<(Granule, usize)> = Vec::new();
-    let mut locs = Vec::with_capacity(REFRESH_CHUNK);
-    let mut granules = granules.peekable();
-    while granules.peek().is_some() {
-        addrs.clear();
-        ends.clear();
-        while addrs.len() < REFRESH_CHUNK {
-            let Some(g) = granules.next() else { break };
-            if let Some(span) = vm.store.span(g) {
-                addrs.extend(span.hva.base_pages(span.len));
-                ends.push((g, addrs.len()));
-            }
-        }
-        locs.clear();
-        if vm.parts.backend.process_alive() == Some(false) {
-            return Err(MigrateError::ProcessGone(vm.layout.pid));
-        }
-        locator.locate(vm.layout.pid, &addrs, &mut locs)?;
-        let mut at = 0;
-        for &(g, end) in &ends {
+    locate_chunked(
+        locator,
+        vm,
+        granules,
+        |_, span, out| out.extend(span.hva.base_pages(span.len)),
+        |g, addrs, here| {
             let mut p = Placement::default();
-            let here = locs.get(at..end).unwrap_or_default();
             for l in here {
                 if let PageLocation::On(node) = l {
                     *per_node.entry(*node).or_default() += page;
@@ -1058,7 +1044,49 @@ fn locate_granules(
                     }
                 }
             }
-            each(g, p, &addrs[at..end], here);
+            each(g, p, addrs, here);
+        },
+    )
+}
+
+/// Locates the pages `addrs_of` picks in each of `granules`, in calls of about
+/// [`REFRESH_CHUNK`] addresses, and calls `each(granule, addresses, locations)`.
+fn locate_chunked(
+    locator: &mut dyn PageLocator,
+    vm: &Vm,
+    granules: impl Iterator<Item = Granule>,
+    mut addrs_of: impl FnMut(Granule, GranuleSpan, &mut Vec<HostVirtAddr>),
+    mut each: impl FnMut(Granule, &[HostVirtAddr], &[PageLocation]),
+) -> Result<(), MigrateError> {
+    let mut addrs: Vec<HostVirtAddr> = Vec::with_capacity(REFRESH_CHUNK);
+    let mut ends: Vec<(Granule, usize)> = Vec::new();
+    let mut locs = Vec::with_capacity(REFRESH_CHUNK);
+    let mut granules = granules.peekable();
+    while granules.peek().is_some() {
+        addrs.clear();
+        ends.clear();
+        while addrs.len() < REFRESH_CHUNK {
+            let Some(g) = granules.next() else { break };
+            if let Some(span) = vm.store.span(g) {
+                addrs_of(g, span, &mut addrs);
+                ends.push((g, addrs.len()));
+            }
+        }
+        locs.clear();
+        if addrs.is_empty() {
+            continue;
+        }
+        if vm.parts.backend.process_alive() == Some(false) {
+            return Err(MigrateError::ProcessGone(vm.layout.pid));
+        }
+        locator.locate(vm.layout.pid, &addrs, &mut locs)?;
+        let mut at = 0;
+        for &(g, end) in &ends {
+            each(
+                g,
+                addrs.get(at..end).unwrap_or_default(),
+                locs.get(at..end).unwrap_or_default(),
+            );
             at = end;
         }
     }
@@ -1135,72 +1163,52 @@ fn probe_granules(
     let page = PageSize::Base.bytes();
     let round = vm.tick.checked_div(cfg.refresh_ticks).unwrap_or(vm.tick);
     let recs = vm.store.records();
+    let span_len = |g: Granule| vm.store.span(g).map_or(0, |s| s.len);
     let mut suspects = Vec::new();
-    let mut addrs: Vec<HostVirtAddr> = Vec::with_capacity(REFRESH_CHUNK);
-    let mut ends: Vec<(Granule, usize)> = Vec::new();
-    let mut locs = Vec::with_capacity(REFRESH_CHUNK);
-    let mut granules = granules.peekable();
-    while granules.peek().is_some() {
-        addrs.clear();
-        ends.clear();
-        while addrs.len() < REFRESH_CHUNK {
-            let Some(g) = granules.next() else { break };
-            let Some(span) = vm.store.span(g) else {
-                continue;
-            };
-            if vm.store.detail(g).is_some() {
-                suspects.push(g);
-                continue;
-            }
+    let mut probed = Vec::new();
+    for g in granules {
+        if vm.store.detail(g).is_some() {
+            suspects.push(g);
+        } else if let Some(r) = vm.retries.get(&g) {
             // A granule with a move pending (a mixed one found last time, busy pages): its
-            // retry moves every page that is not yet where it belongs and reports the rest, so
-            // the refresh leaves it to the retry and charges it to the tier it is going to.
-            if let Some(r) = vm.retries.get(&g) {
-                let node = match r.target {
-                    Tier::Fast => cfg.fast_node,
-                    Tier::Slow => cfg.slow_node,
-                };
-                *per_node.entry(node).or_default() += span.len;
-                continue;
-            }
+            // retry moves every page that is not yet where it belongs and reports the rest,
+            // so the refresh leaves it to the retry and charges it to the tier it is going to.
+            let node = match r.target {
+                Tier::Fast => cfg.fast_node,
+                Tier::Slow => cfg.slow_node,
+            };
+            *per_node.entry(node).or_default() += span_len(g);
+        } else {
+            probed.push(g);
+        }
+    }
+    locate_chunked(
+        locator,
+        vm,
+        probed.into_iter(),
+        |g, span, out| {
             let pages = span.len / page;
-            addrs.extend(
-                probe_pages(g, pages, round).filter_map(|k| span.hva.checked_add(k * page)),
-            );
-            ends.push((g, addrs.len()));
-        }
-        if addrs.is_empty() {
-            continue;
-        }
-        locs.clear();
-        if vm.parts.backend.process_alive() == Some(false) {
-            return Err(MigrateError::ProcessGone(vm.layout.pid));
-        }
-        locator.locate(vm.layout.pid, &addrs, &mut locs)?;
-        let mut at = 0;
-        for &(g, end) in &ends {
+            out.extend(probe_pages(g, pages, round).filter_map(|k| span.hva.checked_add(k * page)));
+        },
+        |g, _, locs| {
             let believed_fast = recs.get(g.index()).is_some_and(|r| r.is_fast());
             let mut on: Option<NodeId> = None;
             let mut disagree = false;
-            for l in locs.get(at..end).unwrap_or_default() {
+            for l in locs {
                 if let PageLocation::On(node) = *l {
                     disagree |=
                         (node == cfg.fast_node) != believed_fast || on.is_some_and(|o| o != node);
                     on = Some(node);
                 }
             }
-            at = end;
             match on {
                 _ if disagree => suspects.push(g),
-                Some(node) => {
-                    let len = vm.store.span(g).map_or(0, |s| s.len);
-                    *per_node.entry(node).or_default() += len;
-                }
+                Some(node) => *per_node.entry(node).or_default() += span_len(g),
                 // Nothing populated where the probes fell: nothing learned.
                 None => {}
             }
-        }
-    }
+        },
+    )?;
     Ok(suspects)
 }
 
