@@ -91,21 +91,7 @@ impl Probe {
     /// reply as `vmtierctl status`, without starting a process (which takes over a second in
     /// the testbed, longer than a tick).
     pub fn status_direct(&self, vm: &str) -> Option<VmStatus> {
-        use std::io::{BufRead as _, BufReader};
-        let req = vmtier_daemon::proto::Request::Status {
-            vm: vm.parse().ok()?,
-        };
-        let mut s = std::os::unix::net::UnixStream::connect(&self.socket).ok()?;
-        s.set_read_timeout(Some(Duration::from_secs(30))).ok()?;
-        let mut line = serde_json::to_string(&req).ok()?;
-        line.push('\n');
-        s.write_all(line.as_bytes()).ok()?;
-        let mut reply = String::new();
-        BufReader::new(&s).read_line(&mut reply).ok()?;
-        match serde_json::from_str::<Response>(&reply).ok()? {
-            Response::Ok(Reply::Status(st)) => Some(*st),
-            _ => None,
-        }
+        status_over(&self.socket, &vm.parse().ok()?, Duration::from_secs(30))
     }
 
     /// `vmtierctl --json status VM`, parsed.
@@ -124,6 +110,28 @@ pub fn bin_dir() -> PathBuf {
         .ok()
         .and_then(|p| p.parent().map(Path::to_path_buf))
         .unwrap_or_default()
+}
+
+/// A VM's status asked over vmtierd's control socket at `socket` (one request, one reply
+/// line), waiting at most `timeout` for the reply.
+pub fn status_over(
+    socket: &std::path::Path,
+    vm: &vmtier_core::VmId,
+    timeout: Duration,
+) -> Option<VmStatus> {
+    use std::io::{BufRead as _, BufReader};
+    let req = vmtier_daemon::proto::Request::Status { vm: vm.clone() };
+    let mut s = std::os::unix::net::UnixStream::connect(socket).ok()?;
+    s.set_read_timeout(Some(timeout)).ok()?;
+    let mut line = serde_json::to_string(&req).ok()?;
+    line.push('\n');
+    s.write_all(line.as_bytes()).ok()?;
+    let mut reply = String::new();
+    BufReader::new(&s).read_line(&mut reply).ok()?;
+    match serde_json::from_str::<Response>(&reply).ok()? {
+        Response::Ok(Reply::Status(st)) => Some(*st),
+        _ => None,
+    }
 }
 
 impl Daemon {

@@ -23,8 +23,6 @@
 //! move_pages(2) moved (THPs, which the module leaves alone, and fallbacks).
 
 use std::fs;
-use std::io::{BufRead, BufReader, Write};
-use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{mpsc, Arc};
@@ -33,7 +31,7 @@ use std::time::{Duration, Instant};
 use serde_json::{json, Value};
 use vmtier_backends::qemu::QemuBackend;
 use vmtier_core::{ByteSize, NodeId, PageSize, VmId};
-use vmtier_daemon::proto::{Reply, Request, Response, VmStatus};
+use vmtier_daemon::proto::VmStatus;
 use vmtier_migrate::NodeQuery;
 
 use crate::check::{clock, Checks};
@@ -234,17 +232,7 @@ impl Counters {
 /// every run of vmtierctl is read from the 9p share of target/ (mounted `cache=none`), which
 /// costs 0.4–4 s under TCG: too slow to look once per tick.
 fn status(socket: &Path, vm: &VmId) -> Option<VmStatus> {
-    let mut s = UnixStream::connect(socket).ok()?;
-    s.set_read_timeout(Some(Duration::from_secs(60))).ok()?;
-    let mut line = serde_json::to_string(&Request::Status { vm: vm.clone() }).ok()?;
-    line.push('\n');
-    s.write_all(line.as_bytes()).ok()?;
-    let mut reply = String::new();
-    BufReader::new(&s).read_line(&mut reply).ok()?;
-    match serde_json::from_str::<Response>(&reply).ok()? {
-        Response::Ok(Reply::Status(st)) => Some(*st),
-        _ => None,
-    }
+    crate::daemon::status_over(socket, vm, Duration::from_secs(60))
 }
 
 fn taint() -> u64 {
