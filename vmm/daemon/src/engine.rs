@@ -5,8 +5,9 @@
 //! policy plans from the store's records → the plan is trimmed to the VM's DRAM budget and
 //! the daemon's migration rate limit → the migrator moves the pages (demotions first, so
 //! DRAM use never exceeds the budget) → the store and the metrics learn what happened. Every
-//! `refresh_ticks` the real placement of every page is re-read, since the kernel (reclaim,
-//! demotion, NUMA balancing) may move pages too.
+//! `refresh_ticks` the real placement is re-read (`refresh`: probe pages per granule and every
+//! page where they disagree, or every page), since the kernel (reclaim, demotion, NUMA
+//! balancing) may move pages too.
 //!
 //! # Moves that do not complete
 //!
