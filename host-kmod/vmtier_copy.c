@@ -330,6 +330,31 @@ static unsigned int vmtier_cpu_run(struct vmtier_batch *b, bool alloc,
 	return max(worked, 1U);
 }
 
+/**
+ * vmtier_queue_spread() - queue work items as copy shares are queued
+ * @works:	the work items, initialized
+ * @n:		how many
+ *
+ * To housekeeping CPUs other than the caller's, in vt_cpu_order(), on the
+ * module's unbound workqueue.
+ */
+void vmtier_queue_spread(struct work_struct **works, unsigned int n)
+{
+	unsigned int k, ncpu = 0;
+	int *order;
+
+	order = kcalloc(n, sizeof(*order), GFP_KERNEL);
+	if (order)
+		ncpu = vt_cpu_order(order, n, raw_smp_processor_id());
+	for (k = 0; k < n; k++) {
+		if (ncpu)
+			queue_work_on(order[k % ncpu], vt_wq, works[k]);
+		else
+			queue_work(vt_wq, works[k]);
+	}
+	kfree(order);
+}
+
 unsigned int vmtier_cpu_copy(struct vmtier_batch *b, bool alloc)
 {
 	return vmtier_cpu_run(b, alloc, true);

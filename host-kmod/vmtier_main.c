@@ -26,6 +26,7 @@ static const char * const vt_stat_names[VT_NR_STATS] = {
 	[VT_STAT_CALLS_FAILED] = "calls_failed",
 	[VT_STAT_ACTIVE] = "active",
 	[VT_STAT_BATCHES] = "batches",
+	[VT_STAT_WORKER_BATCHES] = "batches_by_workers",
 	[VT_STAT_UNMAPPED] = "pages_unmapped",
 	[VT_STAT_MOVED] = "pages_moved",
 	[VT_STAT_ON_TARGET] = "pages_on_target",

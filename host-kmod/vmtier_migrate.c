@@ -13,6 +13,16 @@
  * The page-table read is a hint that decides what is worth unmapping; what
  * migrate_vma_setup() returns, with the source pages locked, decides what is
  * copied.
+ *
+ * With the CPU engine a call runs on several threads ("lanes"): the caller
+ * and work items queued to housekeeping CPUs each take chunks of the ranges
+ * from a shared cursor and run the whole pipeline above for their own
+ * batches, each taking mmap_lock for read itself. Unmap and remap cost as
+ * much as the copy, so splitting only the copy would leave most of the work
+ * on one thread. No thread waits for another while holding mmap_lock: a read
+ * lock taken behind a queued writer would then deadlock. The caller never
+ * frees what a lane may still touch: it waits for every lane, and on a
+ * signal first tells them to stop after their current batch.
  */
 #define pr_fmt(fmt) KBUILD_MODNAME ": " fmt
 
@@ -69,16 +79,52 @@ static bool vt_class_in_run(u8 cls)
 	return cls <= VT_C_LARGE;
 }
 
+/* What one lane did, merged into the call's struct vmtier_migrate at the end. */
+struct vt_out {
+	u64 unmapped;
+	u64 batches;
+	u64 unmap_ns;
+	u64 copy_ns;
+	u64 remap_ns;
+	u64 dma_fallbacks;
+	u64 dma_abandoned;
+	u64 workers_used;
+	u64 engine_used;	/* 0 until a batch of the lane copied */
+};
+
+struct vt_ctx;
+
+/* One thread's share of a call: the caller's or a work item's. */
+struct vt_lane {
+	struct vt_ctx *c;
+	struct work_struct work;
+	bool worker;		/* a work item, not the calling thread */
+	struct vt_out out;
+	struct vmtier_batch b;
+	struct migrate_vma runs[VT_MAX_RUNS];
+};
+
+/* A call: read-only while the lanes run, except the cursor and the results. */
 struct vt_ctx {
-	struct vmtier_migrate *arg;
+	struct vmtier_migrate *arg;	/* (in) fields only until the end */
+	struct vmtier_range *ranges;
+	unsigned long nr_ranges;
 	struct task_struct *task;
 	struct mm_struct *mm;
 	int nid;
-	unsigned long batch;
-	unsigned int cpu_threads;
+	unsigned long batch;		/* pages per batch of one lane */
+	unsigned long chunk;		/* pages a lane takes at a time */
+	unsigned int cpu_threads;	/* copy threads of one batch */
+	unsigned int nlanes;
 	bool dma;
-	struct vmtier_batch b;
-	struct migrate_vma runs[VT_MAX_RUNS];
+	struct vt_lane *lanes;
+	spinlock_t lock;		/* the cursor, ranges' (out), err */
+	unsigned long ri;		/* cursor: range index and address */
+	unsigned long addr;
+	int err;			/* first error of any lane */
+	bool abort;			/* lanes stop after their batch */
+	atomic_t pending;		/* queued lanes not finished */
+	struct completion done;
 };
 
 /*
@@ -286,10 +332,12 @@ static void vt_count_class(struct vmtier_range *r, u8 cls)
 }
 
 /* Copies the TODO entries of the batch with the chosen engine. */
-static void vt_copy_batch(struct vt_ctx *c, unsigned long todo)
+static void vt_copy_batch(struct vt_lane *l, unsigned long todo)
 {
+	struct vt_ctx *c = l->c;
 	struct vmtier_migrate *arg = c->arg;
-	struct vmtier_batch *b = &c->b;
+	struct vt_out *out = &l->out;
+	struct vmtier_batch *b = &l->b;
 	unsigned int engine = arg->engine;
 	struct vmtier_dma_result res;
 	unsigned long i;
@@ -307,22 +355,22 @@ static void vt_copy_batch(struct vt_ctx *c, unsigned long todo)
 			if (res.fallbacks) {
 				/* DMA errors, timeouts: the CPU copies those. */
 				vmtier_cpu_copy(b, false);
-				arg->dma_fallbacks += res.fallbacks;
+				out->dma_fallbacks += res.fallbacks;
 				vt_stat_add(VT_STAT_DMA_FALLBACKS,
 					    res.fallbacks);
 			}
-			arg->dma_abandoned += res.abandoned;
+			out->dma_abandoned += res.abandoned;
 			vt_stat_add(VT_STAT_DMA_PAGES, res.copied);
-			arg->engine_used = VMTIER_ENGINE_DMA;
-			arg->workers_used = max_t(u64, arg->workers_used,
+			out->engine_used = VMTIER_ENGINE_DMA;
+			out->workers_used = max_t(u64, out->workers_used,
 						  res.chans);
 			return;
 		}
 		/* No channel after all (provider gone): the CPU does it. */
 	}
-	arg->workers_used = max_t(u64, arg->workers_used,
+	out->workers_used = max_t(u64, out->workers_used,
 				  vmtier_cpu_copy(b, true));
-	arg->engine_used = VMTIER_ENGINE_CPU;
+	out->engine_used = VMTIER_ENGINE_CPU;
 	for (i = 0; i < b->npages; i++)
 		if (b->state[i] == VT_PAGE_DONE)
 			vt_stat_add(VT_STAT_CPU_PAGES, 1);
@@ -336,12 +384,13 @@ static void vt_copy_batch(struct vt_ctx *c, unsigned long todo)
  * which the batch was classified (earlier than end when the runs ran out)
  * and the pages of the runs in *npagesp.
  */
-static unsigned long vt_collect(struct vt_ctx *c, struct vm_area_struct *vma,
+static unsigned long vt_collect(struct vt_lane *l, struct vm_area_struct *vma,
 				unsigned long start, unsigned long end,
 				struct vmtier_range *r, unsigned long *nrunsp,
 				unsigned long *npagesp)
 {
-	struct vmtier_batch *b = &c->b;
+	struct vt_ctx *c = l->c;
+	struct vmtier_batch *b = &l->b;
 	u8 *cls = b->state;	/* reused: classification, then copy state */
 	unsigned long addr, next, n, i, j, npages = 0, nruns = 0;
 	unsigned long run_start = 0, run_end = 0;	/* page indices */
@@ -388,7 +437,7 @@ static unsigned long vt_collect(struct vt_ctx *c, struct vm_area_struct *vma,
 				continue;	/* decided after the run ends */
 			if (in_run) {
 				/* A page that must stay mapped ends the run. */
-				c->runs[nruns++] = (struct migrate_vma) {
+				l->runs[nruns++] = (struct migrate_vma) {
 					.start = start + (run_start << PAGE_SHIFT),
 					.end = start + (run_end << PAGE_SHIFT),
 				};
@@ -403,7 +452,7 @@ static unsigned long vt_collect(struct vt_ctx *c, struct vm_area_struct *vma,
 	}
 out:
 	if (in_run) {
-		c->runs[nruns++] = (struct migrate_vma) {
+		l->runs[nruns++] = (struct migrate_vma) {
 			.start = start + (run_start << PAGE_SHIFT),
 			.end = start + (run_end << PAGE_SHIFT),
 		};
@@ -413,7 +462,7 @@ out:
 	}
 	/* Lay the runs out back to back in src/dst. */
 	for (i = 0, n = 0; i < nruns; i++) {
-		struct migrate_vma *m = &c->runs[i];
+		struct migrate_vma *m = &l->runs[i];
 
 		m->vma = vma;
 		m->src = b->src + n;
@@ -428,10 +477,11 @@ out:
 }
 
 /* What setup returned for one entry; decides whether it is copied. */
-static void vt_classify_src(struct vt_ctx *c, unsigned long i,
+static void vt_classify_src(struct vt_lane *l, unsigned long i,
 			    struct vmtier_range *r, unsigned long *todo)
 {
-	struct vmtier_batch *b = &c->b;
+	struct vt_ctx *c = l->c;
+	struct vmtier_batch *b = &l->b;
 	unsigned long s = b->src[i];
 	struct folio *folio;
 
@@ -472,13 +522,13 @@ static void vt_classify_src(struct vt_ctx *c, unsigned long i,
  * One batch [start, end) inside one VMA, mmap_lock held for read. Returns
  * the address the next batch starts at.
  */
-static unsigned long vt_migrate_batch(struct vt_ctx *c,
+static unsigned long vt_migrate_batch(struct vt_lane *l,
 				      struct vm_area_struct *vma,
 				      unsigned long start, unsigned long end,
 				      struct vmtier_range *r)
 {
-	struct vmtier_migrate *arg = c->arg;
-	struct vmtier_batch *b = &c->b;
+	struct vt_out *out = &l->out;
+	struct vmtier_batch *b = &l->b;
 	unsigned long npages, nruns, i, todo = 0, moved = 0, failed = 0;
 	unsigned long given_up = 0, unmapped = 0;
 	u64 t0;
@@ -486,15 +536,14 @@ static unsigned long vt_migrate_batch(struct vt_ctx *c,
 
 	atomic_long_set(&b->nomem, 0);
 	atomic_long_set(&b->mc_errors, 0);
-	b->abort = false;
-	end = vt_collect(c, vma, start, end, r, &nruns, &npages);
+	end = vt_collect(l, vma, start, end, r, &nruns, &npages);
 	if (!nruns)
 		return end;
 
 	/* Unmap: migration entries replace the PTEs of the pages collected. */
 	t0 = ktime_get_ns();
 	for (k = 0; k < nruns; k++) {
-		struct migrate_vma *m = &c->runs[k];
+		struct migrate_vma *m = &l->runs[k];
 		unsigned long want = (m->end - m->start) >> PAGE_SHIFT;
 
 		if (migrate_vma_setup(m) || m->npages != want) {
@@ -514,19 +563,19 @@ static unsigned long vt_migrate_batch(struct vt_ctx *c,
 		}
 		unmapped += m->npages;
 	}
-	arg->unmap_ns += ktime_get_ns() - t0;
+	out->unmap_ns += ktime_get_ns() - t0;
 
 	b->npages = npages;
 	for (i = 0; i < npages; i++)
-		vt_classify_src(c, i, r, &todo);
-	arg->unmapped += unmapped;
+		vt_classify_src(l, i, r, &todo);
+	out->unmapped += unmapped;
 	vt_stat_add(VT_STAT_UNMAPPED, unmapped);
 
 	/* Copy. */
 	if (todo) {
 		t0 = ktime_get_ns();
-		vt_copy_batch(c, todo);
-		arg->copy_ns += ktime_get_ns() - t0;
+		vt_copy_batch(l, todo);
+		out->copy_ns += ktime_get_ns() - t0;
 	}
 
 	/* Place the copies; free what cannot be placed. */
@@ -561,8 +610,8 @@ static unsigned long vt_migrate_batch(struct vt_ctx *c,
 	/* Remap: the new pages replace the old in the page tables. */
 	t0 = ktime_get_ns();
 	for (k = 0; k < nruns; k++)
-		if (c->runs[k].npages)
-			migrate_vma_pages(&c->runs[k]);
+		if (l->runs[k].npages)
+			migrate_vma_pages(&l->runs[k]);
 	for (i = 0; i < npages; i++) {
 		if (!b->dst[i])
 			continue;
@@ -574,14 +623,16 @@ static unsigned long vt_migrate_batch(struct vt_ctx *c,
 		}
 	}
 	for (k = 0; k < nruns; k++)
-		if (c->runs[k].npages)
-			migrate_vma_finalize(&c->runs[k]);
-	arg->remap_ns += ktime_get_ns() - t0;
+		if (l->runs[k].npages)
+			migrate_vma_finalize(&l->runs[k]);
+	out->remap_ns += ktime_get_ns() - t0;
 
 	r->moved += moved;
 	r->failed += failed;
 	r->skipped_busy += given_up;
-	arg->batches++;
+	out->batches++;
+	if (l->worker)
+		vt_stat_add(VT_STAT_WORKER_BATCHES, 1);
 	count_vm_events(PGMIGRATE_SUCCESS, moved);
 	count_vm_events(PGMIGRATE_FAIL, failed);
 	vt_stat_add(VT_STAT_NOMEM, atomic_long_read(&b->nomem));
@@ -632,56 +683,227 @@ static int vt_validate(struct vt_ctx *c, struct vmtier_range *ranges,
 	return ret;
 }
 
-static int vt_run(struct vt_ctx *c, struct vmtier_range *ranges,
-		  unsigned long nr)
+/*
+ * The next chunk of the ranges for a lane: [*startp, *endp) of range *rip,
+ * at most c->chunk pages. False when none is left or the call is stopping.
+ */
+static bool vt_next_chunk(struct vt_ctx *c, unsigned long *rip,
+			  unsigned long *startp, unsigned long *endp)
 {
-	struct vm_area_struct *vma;
-	unsigned long i, addr, end, bend;
+	unsigned long stride = c->chunk << PAGE_SHIFT, rend;
+	bool ok = false;
 
-	for (i = 0; i < nr; i++) {
-		struct vmtier_range *r = &ranges[i];
-
-		addr = r->start;
-		end = r->start + r->len;
-		while (addr < end) {
-			if (signal_pending(current)) {
-				vt_stat_add(VT_STAT_INTERRUPTED, 1);
-				return -EINTR;
-			}
-			if (vt_target_gone(c)) {
-				vt_stat_add(VT_STAT_TARGET_EXITED, 1);
-				return -ESRCH;
-			}
-			/* The cpusets may have changed since the last batch. */
-			if (!vt_node_allowed(c->task, c->nid))
-				return -EACCES;
-			if (mmap_read_lock_killable(c->mm))
-				return -EINTR;
-			vma = vma_lookup(c->mm, addr);
-			if (!vma) {
-				mmap_read_unlock(c->mm);
-				return -EFAULT;
-			}
-			bend = min3(end, vma->vm_end, addr + c->batch * PAGE_SIZE);
-			if (!vt_vma_ok(vma)) {
-				mmap_read_unlock(c->mm);
-				if (!(c->arg->flags & VMTIER_MIGRATE_SKIP_UNSUPPORTED))
-					return -EOPNOTSUPP;
-				r->skipped_shared += (bend - addr) >> PAGE_SHIFT;
-				addr = bend;
-				continue;
-			}
-			bend = vt_migrate_batch(c, vma, addr, bend, r);
-			mmap_read_unlock(c->mm);
-			if (c->b.abort) {
-				vt_stat_add(VT_STAT_INTERRUPTED, 1);
-				return -EINTR;
-			}
-			addr = bend;
-			cond_resched();
+	spin_lock(&c->lock);
+	while (c->ri < c->nr_ranges && !c->abort) {
+		rend = c->ranges[c->ri].start + c->ranges[c->ri].len;
+		if (c->addr >= rend) {
+			if (++c->ri < c->nr_ranges)
+				c->addr = c->ranges[c->ri].start;
+			continue;
 		}
+		*rip = c->ri;
+		*startp = c->addr;
+		*endp = min(rend, c->addr + stride);
+		c->addr = *endp;
+		ok = true;
+		break;
+	}
+	spin_unlock(&c->lock);
+	return ok;
+}
+
+/* Stops every lane after its current batch; the first error is returned. */
+static void vt_stop(struct vt_ctx *c, int err)
+{
+	unsigned int k;
+
+	spin_lock(&c->lock);
+	if (!c->err)
+		c->err = err;
+	c->abort = true;
+	spin_unlock(&c->lock);
+	if (err == -EINTR) {
+		/* A signal: copies in progress stop after their page too. */
+		for (k = 0; k < c->nlanes; k++)
+			WRITE_ONCE(c->lanes[k].b.abort, true);
+	}
+}
+
+static void vt_range_add(struct vt_ctx *c, struct vmtier_range *to,
+			 const struct vmtier_range *from)
+{
+	spin_lock(&c->lock);
+	to->moved += from->moved;
+	to->on_target += from->on_target;
+	to->skipped_hole += from->skipped_hole;
+	to->skipped_thp += from->skipped_thp;
+	to->skipped_busy += from->skipped_busy;
+	to->skipped_shared += from->skipped_shared;
+	to->failed += from->failed;
+	to->skipped_pinned += from->skipped_pinned;
+	to->skipped_sharers += from->skipped_sharers;
+	spin_unlock(&c->lock);
+}
+
+/*
+ * Why a lane must not start another batch, or 0. Signals reach only the
+ * caller; the cpusets are the caller's and the target's.
+ */
+static int vt_lane_check(struct vt_lane *l)
+{
+	struct vt_ctx *c = l->c;
+
+	if (!l->worker && signal_pending(current))
+		return -EINTR;
+	if (vt_target_gone(c))
+		return -ESRCH;
+	/* The cpusets may have changed since the last batch. */
+	if (!l->worker && !vt_node_allowed(c->task, c->nid))
+		return -EACCES;
+	return 0;
+}
+
+/* Batches of [addr, end) inside range r until done or the call stops. */
+static int vt_lane_chunk(struct vt_lane *l, unsigned long addr,
+			 unsigned long end, struct vmtier_range *r)
+{
+	struct vt_ctx *c = l->c;
+	struct vm_area_struct *vma;
+	unsigned long bend;
+	int err;
+
+	while (addr < end) {
+		if (READ_ONCE(c->abort))
+			return 0;
+		err = vt_lane_check(l);
+		if (err)
+			return err;
+		if (mmap_read_lock_killable(c->mm))
+			return -EINTR;
+		vma = vma_lookup(c->mm, addr);
+		if (!vma) {
+			mmap_read_unlock(c->mm);
+			return -EFAULT;
+		}
+		bend = min3(end, vma->vm_end, addr + c->batch * PAGE_SIZE);
+		if (!vt_vma_ok(vma)) {
+			mmap_read_unlock(c->mm);
+			if (!(c->arg->flags & VMTIER_MIGRATE_SKIP_UNSUPPORTED))
+				return -EOPNOTSUPP;
+			r->skipped_shared += (bend - addr) >> PAGE_SHIFT;
+			addr = bend;
+			continue;
+		}
+		bend = vt_migrate_batch(l, vma, addr, bend, r);
+		mmap_read_unlock(c->mm);
+		if (READ_ONCE(l->b.abort))
+			return -EINTR;
+		addr = bend;
+		cond_resched();
 	}
 	return 0;
+}
+
+/* A lane's loop: chunks from the cursor until none is left. */
+static void vt_lane_run(struct vt_lane *l)
+{
+	struct vt_ctx *c = l->c;
+	unsigned long ri, start, end;
+	struct vmtier_range acc;
+	int err;
+
+	while (vt_next_chunk(c, &ri, &start, &end)) {
+		memset(&acc, 0, sizeof(acc));
+		err = vt_lane_chunk(l, start, end, &acc);
+		vt_range_add(c, &c->ranges[ri], &acc);
+		if (err) {
+			vt_stop(c, err);
+			break;
+		}
+	}
+}
+
+static void vt_lane_fn(struct work_struct *work)
+{
+	struct vt_lane *l = container_of(work, struct vt_lane, work);
+	struct vt_ctx *c = l->c;
+
+	vt_lane_run(l);
+	/* The context may be gone once pending drops to 0. */
+	if (atomic_dec_and_test(&c->pending))
+		complete(&c->done);
+}
+
+/*
+ * Runs the call on c->nlanes lanes, the caller's first, and waits for the
+ * others. Returns the first error.
+ */
+static int vt_run(struct vt_ctx *c)
+{
+	struct work_struct **works = NULL;
+	unsigned int k, n = c->nlanes - 1;
+
+	atomic_set(&c->pending, n);
+	init_completion(&c->done);
+	if (n) {
+		works = kcalloc(n, sizeof(*works), GFP_KERNEL);
+		if (!works) {
+			n = 0;
+			atomic_set(&c->pending, 0);
+		}
+	}
+	for (k = 0; k < n; k++) {
+		struct vt_lane *l = &c->lanes[k + 1];
+
+		INIT_WORK(&l->work, vt_lane_fn);
+		works[k] = &l->work;
+	}
+	if (n)
+		vmtier_queue_spread(works, n);
+	vt_lane_run(&c->lanes[0]);
+	if (n && wait_for_completion_interruptible(&c->done)) {
+		/* Signal: lanes not started never will; wait for the rest. */
+		vt_stop(c, -EINTR);
+		for (k = 0; k < n; k++)
+			if (cancel_work(works[k]) &&
+			    atomic_dec_and_test(&c->pending))
+				complete(&c->done);
+		wait_for_completion(&c->done);
+	}
+	kfree(works);
+	if (c->err == -EINTR)
+		vt_stat_add(VT_STAT_INTERRUPTED, 1);
+	else if (c->err == -ESRCH)
+		vt_stat_add(VT_STAT_TARGET_EXITED, 1);
+	return c->err;
+}
+
+/* The lanes' results into the call's (out) fields. */
+static void vt_merge_out(struct vt_ctx *c)
+{
+	struct vmtier_migrate *arg = c->arg;
+	u64 lanes_copied = 0;
+	unsigned int k;
+
+	for (k = 0; k < c->nlanes; k++) {
+		struct vt_out *o = &c->lanes[k].out;
+
+		arg->unmapped += o->unmapped;
+		arg->batches += o->batches;
+		arg->unmap_ns += o->unmap_ns;
+		arg->copy_ns += o->copy_ns;
+		arg->remap_ns += o->remap_ns;
+		arg->dma_fallbacks += o->dma_fallbacks;
+		arg->dma_abandoned += o->dma_abandoned;
+		if (o->engine_used) {
+			arg->engine_used = o->engine_used;
+			lanes_copied++;
+		}
+		arg->workers_used = max(arg->workers_used, o->workers_used);
+	}
+	/* Lanes copy with one thread each: the threads are the lanes. */
+	if (c->nlanes > 1)
+		arg->workers_used = lanes_copied;
 }
 
 static void vt_sum(struct vmtier_migrate *arg, struct vmtier_range *ranges,
@@ -731,25 +953,70 @@ static struct task_struct *vt_get_task(u64 pid)
 	return task;
 }
 
-static int vt_alloc_arrays(struct vt_ctx *c)
+static int vt_alloc_lanes(struct vt_ctx *c)
 {
-	struct vmtier_batch *b = &c->b;
+	unsigned int k;
 
-	b->src = kvcalloc(c->batch, sizeof(*b->src), GFP_KERNEL);
-	b->dst = kvcalloc(c->batch, sizeof(*b->dst), GFP_KERNEL);
-	b->dpage = kvcalloc(c->batch, sizeof(*b->dpage), GFP_KERNEL);
-	b->state = kvzalloc(c->batch, GFP_KERNEL);
-	if (!b->src || !b->dst || !b->dpage || !b->state)
+	c->lanes = kcalloc(c->nlanes, sizeof(*c->lanes), GFP_KERNEL);
+	if (!c->lanes)
 		return -ENOMEM;
+	for (k = 0; k < c->nlanes; k++) {
+		struct vt_lane *l = &c->lanes[k];
+		struct vmtier_batch *b = &l->b;
+
+		l->c = c;
+		l->worker = k > 0;
+		b->nid = c->nid;
+		b->threads = c->nlanes > 1 ? 1 : c->cpu_threads;
+		b->src = kvcalloc(c->batch, sizeof(*b->src), GFP_KERNEL);
+		b->dst = kvcalloc(c->batch, sizeof(*b->dst), GFP_KERNEL);
+		b->dpage = kvcalloc(c->batch, sizeof(*b->dpage), GFP_KERNEL);
+		b->state = kvzalloc(c->batch, GFP_KERNEL);
+		if (!b->src || !b->dst || !b->dpage || !b->state)
+			return -ENOMEM;
+	}
 	return 0;
 }
 
-static void vt_free_arrays(struct vt_ctx *c)
+static void vt_free_lanes(struct vt_ctx *c)
 {
-	kvfree(c->b.src);
-	kvfree(c->b.dst);
-	kvfree(c->b.dpage);
-	kvfree(c->b.state);
+	unsigned int k;
+
+	for (k = 0; c->lanes && k < c->nlanes; k++) {
+		kvfree(c->lanes[k].b.src);
+		kvfree(c->lanes[k].b.dst);
+		kvfree(c->lanes[k].b.dpage);
+		kvfree(c->lanes[k].b.state);
+	}
+	kfree(c->lanes);
+}
+
+/* Lanes at least this many pages each; fewer are not worth a thread. */
+#define VT_MIN_LANE_PAGES	256
+
+/*
+ * How the call is split: with the CPU engine (asked for, or auto without DMA
+ * channels) each copy thread is a lane of whole batches, the batch size split
+ * between them so that at most @batch pages are unmapped at a time, and the
+ * chunks sized so that every lane gets a few; with DMA one lane, the
+ * channels (or copy threads, on a fallback) splitting each batch.
+ */
+static void vt_plan_lanes(struct vt_ctx *c, unsigned long batch,
+			  const struct vmtier_range *ranges, unsigned long nr)
+{
+	unsigned long pages = 0, i, lanes;
+
+	for (i = 0; i < nr; i++)
+		pages += ranges[i].len >> PAGE_SHIFT;
+	lanes = c->dma ? 1 : c->cpu_threads;
+	lanes = clamp_t(unsigned long, min(lanes, pages / VT_MIN_LANE_PAGES),
+			1, vmtier_max_threads());
+	lanes = min(lanes, batch);
+	c->nlanes = lanes;
+	c->batch = batch / lanes;
+	c->chunk = lanes == 1 ? c->batch :
+		   clamp_t(unsigned long, DIV_ROUND_UP(pages, 2 * lanes), 1,
+			   c->batch);
 }
 
 /**
@@ -771,12 +1038,13 @@ int vmtier_do_migrate(struct vmtier_migrate *arg, struct vmtier_range *ranges)
 	if (!c)
 		return -ENOMEM;
 	c->arg = arg;
+	c->ranges = ranges;
+	c->nr_ranges = arg->nr_ranges;
+	c->addr = ranges[0].start;
+	spin_lock_init(&c->lock);
 	c->nid = arg->node;
-	c->b.nid = c->nid;
-	c->batch = arg->batch ? arg->batch : VMTIER_DEFAULT_BATCH;
 	c->cpu_threads = arg->engine == VMTIER_ENGINE_CPU && arg->workers ?
 			 arg->workers : vmtier_default_threads();
-	c->b.threads = c->cpu_threads;
 
 	ret = -ESRCH;
 	c->task = vt_get_task(arg->pid);
@@ -803,10 +1071,14 @@ int vmtier_do_migrate(struct vmtier_migrate *arg, struct vmtier_range *ranges)
 		if (!c->dma && arg->engine == VMTIER_ENGINE_DMA)
 			goto put_mm;
 	}
-	ret = vt_alloc_arrays(c);
-	if (!ret)
-		ret = vt_run(c, ranges, arg->nr_ranges);
-	vt_free_arrays(c);
+	vt_plan_lanes(c, arg->batch ? arg->batch : VMTIER_DEFAULT_BATCH,
+		      ranges, arg->nr_ranges);
+	ret = vt_alloc_lanes(c);
+	if (!ret) {
+		ret = vt_run(c);
+		vt_merge_out(c);
+	}
+	vt_free_lanes(c);
 	vt_sum(arg, ranges, arg->nr_ranges);
 put_mm:
 	/* The last reference may tear down a whole VM: not in this thread. */

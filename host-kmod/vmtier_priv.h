@@ -8,6 +8,7 @@
 #include <linux/atomic.h>
 #include <linux/mm_types.h>
 #include <linux/types.h>
+#include <linux/workqueue.h>
 #include <uapi/linux/vmtier.h>
 
 /* Per-page copy result, one byte per entry of a batch. */
@@ -52,6 +53,7 @@ enum vmtier_stat {
 	VT_STAT_CALLS_FAILED,
 	VT_STAT_ACTIVE,
 	VT_STAT_BATCHES,
+	VT_STAT_WORKER_BATCHES,
 	VT_STAT_UNMAPPED,
 	VT_STAT_MOVED,
 	VT_STAT_ON_TARGET,
@@ -114,6 +116,7 @@ struct page *vmtier_alloc_dst(int nid);
 void vmtier_free_dst(struct page *page);
 bool vmtier_copy_page(struct page *dst, struct page *src);
 unsigned int vmtier_cpu_copy(struct vmtier_batch *b, bool alloc);
+void vmtier_queue_spread(struct work_struct **works, unsigned int n);
 void vmtier_alloc_batch(struct vmtier_batch *b);
 
 /* vmtier_dma.c: DMA engine */

@@ -271,7 +271,9 @@ fn integrity_4k(c: &mut Checks, len: usize, cfg: KmodConfig, name: &str) {
         let writer = Writer::start(&buf, writer_pages);
         thread::sleep(Duration::from_millis(20));
         let mig0 = vmstat("pgmigrate_success");
+        let lane0 = kstat("batches_by_workers");
         let r = k.migrate_ranges(me(), &[(buf.addr(), len as u64)], NodeId::new(to));
+        let lanes = kstat("batches_by_workers") - lane0;
         let (gens, lost) = writer.finish();
         let r = match r {
             Ok(r) => r,
@@ -297,6 +299,15 @@ fn integrity_4k(c: &mut Checks, len: usize, cfg: KmodConfig, name: &str) {
             ),
             describe(&r),
         );
+        if cfg.engine == CopyEngine::Cpu && cfg.workers > 1 {
+            // Unmap and remap cost as much as the copy: with the CPU engine every thread
+            // runs whole batches of its own, not only a share of the caller's copy.
+            c.check(
+                lane0 >= 0 && lanes > 0 && r.batches >= lanes.unsigned_abs(),
+                &format!("{name}: 4K to node {to}: copy threads unmapped and remapped batches of their own"),
+                format!("{lanes} of {} batches run by work items", r.batches),
+            );
+        }
         if busy > 0 {
             // Busy pages: a second call moves them once the writer is gone.
             let _ = k.migrate_ranges(me(), &[(buf.addr(), len as u64)], NodeId::new(to));

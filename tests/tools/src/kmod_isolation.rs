@@ -129,7 +129,8 @@ pub fn run(c: &mut Checks) {
     drop(inst);
     let cpus: Vec<usize> = trace
         .lines()
-        .filter(|l| l.contains("vt_chunk_fn"))
+        // Lanes (whole batches, CPU engine) and copy shares (a DMA batch's CPU fallback).
+        .filter(|l| l.contains("vt_lane_fn") || l.contains("vt_chunk_fn"))
         .filter_map(|l| {
             let s = l.split_once('[')?.1;
             s.split_once(']')?.0.trim().parse().ok()

@@ -24,15 +24,20 @@ use crate::tracing::Instance;
 
 const MIB: usize = 1 << 20;
 
-/// Counts `migrate:remove_migration_pte` events of this process around `f`.
-fn remaps<T>(f: impl FnOnce() -> T) -> (T, Option<usize>) {
-    let inst = Instance::new(
-        "remaps",
-        &["migrate/remove_migration_pte"],
-        8192,
-        Some(std::process::id()),
-    )
-    .and_then(|i| i.on().map(|()| i));
+/// Counts `migrate:remove_migration_pte` events for pages of `buf` around `f`. The event
+/// fires in whichever thread remaps: the caller or one of the module's work items, so it
+/// is selected by address (a kernel-side filter), not by pid.
+fn remaps<T>(buf: &AnonBuf, f: impl FnOnce() -> T) -> (T, Option<usize>) {
+    let start = buf.addr().raw();
+    let end = start + buf.len() as u64;
+    let inst =
+        Instance::new("remaps", &["migrate/remove_migration_pte"], 8192, None).and_then(|i| {
+            i.filter(
+                "migrate/remove_migration_pte",
+                &format!("addr >= {start:#x} && addr < {end:#x}"),
+            )?;
+            i.on().map(|()| i)
+        });
     let out = f();
     let n = inst.ok().and_then(|i| {
         i.off().ok()?;
@@ -118,7 +123,7 @@ fn on_target(c: &mut Checks) {
         return;
     };
     let pages = (4 * MIB / 4096) as u64;
-    let (r, n) = remaps(|| k.migrate_ranges(me(), &whole(&b1), NodeId::new(0)));
+    let (r, n) = remaps(&b1, || k.migrate_ranges(me(), &whole(&b1), NodeId::new(0)));
     c.check(
         r.as_ref()
             .is_ok_and(|r| r.sum(|x| x.moved) == pages && r.unmapped == pages)
@@ -126,7 +131,7 @@ fn on_target(c: &mut Checks) {
         "control: moving 4 MiB from node 1 remaps every page",
         detail(&r, n),
     );
-    let (r, n) = remaps(|| k.migrate_ranges(me(), &whole(&b1), NodeId::new(0)));
+    let (r, n) = remaps(&b1, || k.migrate_ranges(me(), &whole(&b1), NodeId::new(0)));
     c.check(
         r.as_ref()
             .is_ok_and(|r| r.sum(|x| x.on_target) == pages && r.unmapped == 0 && r.batches == 0)
@@ -142,7 +147,7 @@ fn on_target(c: &mut Checks) {
         .filter_map(|g| Some((b2.addr().checked_add(g * 2 * 64 * 4096)?, 64 * 4096)))
         .collect();
     let _ = k.migrate_ranges(me(), &groups, NodeId::new(0));
-    let (r, n) = remaps(|| k.migrate_ranges(me(), &whole(&b2), NodeId::new(0)));
+    let (r, n) = remaps(&b2, || k.migrate_ranges(me(), &whole(&b2), NodeId::new(0)));
     c.check(
         r.as_ref().is_ok_and(|r| {
             r.sum(|x| x.moved) == pages / 2
@@ -226,7 +231,9 @@ fn pinned(c: &mut Checks) {
         Err(e) => return c.fatal("pin 1 MiB with io_uring fixed buffers", e),
     };
     let pinned = (MIB / 4096) as u64;
-    let (r, n) = remaps(|| k.migrate_ranges(me(), &whole(&buf), NodeId::new(0)));
+    let (r, n) = remaps(&buf, || {
+        k.migrate_ranges(me(), &whole(&buf), NodeId::new(0))
+    });
     c.check(
         r.as_ref().is_ok_and(|r| {
             r.sum(|x| x.skipped_pinned) == pinned

@@ -51,6 +51,12 @@ impl Instance {
         fs::write(self.dir.join(file), v)
     }
 
+    /// Records only the `event` (e.g. `migrate/remove_migration_pte`) records that match
+    /// `expr` (tracefs filter syntax), decided in the kernel.
+    pub fn filter(&self, event: &str, expr: &str) -> io::Result<()> {
+        self.write(&format!("events/{event}/filter"), expr)
+    }
+
     /// Starts recording.
     pub fn on(&self) -> io::Result<()> {
         self.write("tracing_on", "1")

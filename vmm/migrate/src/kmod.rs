@@ -1,7 +1,8 @@
 //! Migrators over the vmtier kernel module (`/dev/vmtier`, see `docs/kmod.md`).
 //!
 //! - [`Kmod`]: the module alone. It moves private anonymous memory mapped by 4 KiB entries
-//!   in batches (unmap batch, parallel copy, remap batch), and leaves THPs, shared and
+//!   in batches (unmap, copy, remap; with the CPU engine several threads each run batches
+//!   of their own), and leaves THPs, shared and
 //!   file mappings alone.
 //! - [`Combined`]: per range, the module where it can and `move_pages(2)` for the rest
 //!   (THPs kept whole, shared and file-backed guest RAM), so a daemon gets the best of
@@ -214,7 +215,8 @@ pub struct KmodReport {
     pub ranges: Vec<RangeResult>,
     /// Engine of the last batch that copied.
     pub engine_used: Option<CopyEngine>,
-    /// Most threads (the calling one included) or channels that copied in one batch.
+    /// CPU engine: threads (the calling one included) that copied; DMA: most channels that
+    /// copied in one batch.
     pub workers_used: u64,
     /// Pages whose DMA copy failed and that the CPU copied.
     pub dma_fallbacks: u64,
@@ -231,11 +233,11 @@ pub struct KmodReport {
     pub backed_off: u64,
     /// Calls that a signal interrupted and that were issued again.
     pub restarts: u32,
-    /// Time spent allocating and copying.
+    /// Time spent allocating and copying, summed over the module's threads.
     pub copy_time: Duration,
-    /// Time spent unmapping.
+    /// Time spent unmapping, summed over the module's threads.
     pub unmap_time: Duration,
-    /// Time spent remapping.
+    /// Time spent remapping, summed over the module's threads.
     pub remap_time: Duration,
     /// Time inside the module.
     pub total_time: Duration,

@@ -119,17 +119,22 @@ struct vmtier_range {
  * @workers:		(in) CPU threads or DMA channels, 0 for the default
  *			(CPU: min(4, housekeeping CPUs) or the cpu_workers
  *			module parameter)
- * @batch:		(in) base pages per batch (mmap_lock is held per batch),
- *			0 for VMTIER_DEFAULT_BATCH, at most VMTIER_MAX_BATCH
+ * @batch:		(in) base pages unmapped at a time, over all threads
+ *			(mmap_lock is held per batch), 0 for
+ *			VMTIER_DEFAULT_BATCH, at most VMTIER_MAX_BATCH; with
+ *			the CPU engine each of N threads runs batches of
+ *			batch / N pages
  * @engine_used:	(out) engine of the last batch that copied
- * @workers_used:	(out) most threads (the calling one included) or DMA
- *			channels that copied in one batch of the call
+ * @workers_used:	(out) CPU engine: threads (the calling one included)
+ *			that copied; DMA: most channels (or CPU threads, on
+ *			a fallback) that copied in one batch
  * @moved:		(out) sum of the ranges' moved
  * @skipped:		(out) sum of the ranges' skipped_*, on_target
  * @failed:		(out) sum of the ranges' failed
  * @dma_fallbacks:	(out) pages whose DMA copy failed or timed out and
  *			were copied by the CPU instead
- * @copy_ns:		(out) time spent allocating and copying
+ * @copy_ns:		(out) time spent allocating and copying, summed over
+ *			the threads that run batches
  * @total_ns:		(out) wall time of the call
  * @reserved:		(in) must be zero
  * @unmapped:		(out) base pages handed to migrate_vma_setup(), which
@@ -143,9 +148,10 @@ struct vmtier_range {
  *			destination stays reserved until the engine finishes
  *			(ABI 2)
  * @batches:		(out) batches that unmapped something (ABI 2)
- * @unmap_ns:		(out) time spent unmapping (migrate_vma_setup()) (ABI 2)
+ * @unmap_ns:		(out) time spent unmapping (migrate_vma_setup()),
+ *			summed like copy_ns (ABI 2)
  * @remap_ns:		(out) time spent remapping (migrate_vma_pages() and
- *			migrate_vma_finalize()) (ABI 2)
+ *			migrate_vma_finalize()), summed like copy_ns (ABI 2)
  *
  * Returns 0 when every range was processed (per-page outcomes are in the
  * ranges), or a negative errno: -EINVAL (bad argument, unknown flag or
