@@ -334,18 +334,24 @@ static unsigned int vmtier_cpu_run(struct vmtier_batch *b, bool alloc,
  * vmtier_queue_spread() - queue work items as copy shares are queued
  * @works:	the work items, initialized
  * @n:		how many
+ * @self:	the caller sleeps until they finish: its CPU may take one,
+ *		after the others
  *
- * To housekeeping CPUs other than the caller's, in vt_cpu_order(), on the
- * module's unbound workqueue.
+ * To housekeeping CPUs in vt_cpu_order(), on the module's unbound workqueue.
  */
-void vmtier_queue_spread(struct work_struct **works, unsigned int n)
+void vmtier_queue_spread(struct work_struct **works, unsigned int n,
+			 bool self)
 {
+	int cpu = raw_smp_processor_id();
 	unsigned int k, ncpu = 0;
 	int *order;
 
 	order = kcalloc(n, sizeof(*order), GFP_KERNEL);
-	if (order)
-		ncpu = vt_cpu_order(order, n, raw_smp_processor_id());
+	if (order) {
+		ncpu = vt_cpu_order(order, n, cpu);
+		if (self && ncpu < n && vt_housekeeping(cpu))
+			order[ncpu++] = cpu;
+	}
 	for (k = 0; k < n; k++) {
 		if (ncpu)
 			queue_work_on(order[k % ncpu], vt_wq, works[k]);

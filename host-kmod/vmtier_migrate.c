@@ -14,15 +14,15 @@
  * migrate_vma_setup() returns, with the source pages locked, decides what is
  * copied.
  *
- * With the CPU engine a call runs on several threads ("lanes"): the caller
- * and work items queued to housekeeping CPUs each take chunks of the ranges
- * from a shared cursor and run the whole pipeline above for their own
- * batches, each taking mmap_lock for read itself. Unmap and remap cost as
+ * With the CPU engine a call runs on several threads ("lanes"): work items
+ * queued to housekeeping CPUs each take chunks of the ranges from a shared
+ * cursor and run the whole pipeline above for their own batches, each taking
+ * mmap_lock for read itself, while the caller waits. Unmap and remap cost as
  * much as the copy, so splitting only the copy would leave most of the work
  * on one thread. No thread waits for another while holding mmap_lock: a read
  * lock taken behind a queued writer would then deadlock. The caller never
  * frees what a lane may still touch: it waits for every lane, and on a
- * signal first tells them to stop after their current batch.
+ * signal first tells them to stop after their current page.
  */
 #define pr_fmt(fmt) KBUILD_MODNAME ": " fmt
 
@@ -110,6 +110,7 @@ struct vt_ctx {
 	struct vmtier_range *ranges;
 	unsigned long nr_ranges;
 	struct task_struct *task;
+	struct task_struct *caller;	/* waits for the lanes: stays valid */
 	struct mm_struct *mm;
 	int nid;
 	unsigned long batch;		/* pages per batch of one lane */
@@ -169,17 +170,18 @@ static bool vt_may_access(struct task_struct *task)
  * allocator honours; cpuset_mems_allowed() is not exported) and by the
  * caller's, whose allocations the copy threads make on its behalf.
  */
-static bool vt_node_allowed(struct task_struct *task, int nid)
+static bool vt_node_allowed(struct task_struct *task,
+			    struct task_struct *caller, int nid)
 {
 	bool ok;
 
 	task_lock(task);
 	ok = node_isset(nid, task->mems_allowed);
 	task_unlock(task);
-	if (ok && task != current) {
-		task_lock(current);
-		ok = node_isset(nid, current->mems_allowed);
-		task_unlock(current);
+	if (ok && task != caller) {
+		task_lock(caller);
+		ok = node_isset(nid, caller->mems_allowed);
+		task_unlock(caller);
 	}
 	return ok;
 }
@@ -747,7 +749,7 @@ static void vt_range_add(struct vt_ctx *c, struct vmtier_range *to,
 
 /*
  * Why a lane must not start another batch, or 0. Signals reach only the
- * caller; the cpusets are the caller's and the target's.
+ * caller, who stops the work items' lanes itself.
  */
 static int vt_lane_check(struct vt_lane *l)
 {
@@ -758,7 +760,7 @@ static int vt_lane_check(struct vt_lane *l)
 	if (vt_target_gone(c))
 		return -ESRCH;
 	/* The cpusets may have changed since the last batch. */
-	if (!l->worker && !vt_node_allowed(c->task, c->nid))
+	if (!vt_node_allowed(c->task, c->caller, c->nid))
 		return -EACCES;
 	return 0;
 }
@@ -835,33 +837,34 @@ static void vt_lane_fn(struct work_struct *work)
 }
 
 /*
- * Runs the call on c->nlanes lanes, the caller's first, and waits for the
- * others. Returns the first error.
+ * Runs the call: one lane in the calling thread, or c->nlanes work items
+ * while the caller waits. The caller does not run a lane beside them: a
+ * thread of the target's process (the caller moving its own memory) would
+ * keep the target's mm loaded on its CPU, and every TLB flush of the other
+ * lanes would interrupt it; asleep, its CPU runs a lane's work item in lazy
+ * TLB mode, which flushes skip. Returns the first error.
  */
 static int vt_run(struct vt_ctx *c)
 {
 	struct work_struct **works = NULL;
-	unsigned int k, n = c->nlanes - 1;
+	unsigned int k, n = c->nlanes;
 
+	if (n > 1)
+		works = kcalloc(n, sizeof(*works), GFP_KERNEL);
+	if (!works) {
+		c->nlanes = 1;
+		vt_lane_run(&c->lanes[0]);
+		goto out;
+	}
 	atomic_set(&c->pending, n);
 	init_completion(&c->done);
-	if (n) {
-		works = kcalloc(n, sizeof(*works), GFP_KERNEL);
-		if (!works) {
-			n = 0;
-			atomic_set(&c->pending, 0);
-		}
-	}
 	for (k = 0; k < n; k++) {
-		struct vt_lane *l = &c->lanes[k + 1];
-
-		INIT_WORK(&l->work, vt_lane_fn);
-		works[k] = &l->work;
+		c->lanes[k].worker = true;
+		INIT_WORK(&c->lanes[k].work, vt_lane_fn);
+		works[k] = &c->lanes[k].work;
 	}
-	if (n)
-		vmtier_queue_spread(works, n);
-	vt_lane_run(&c->lanes[0]);
-	if (n && wait_for_completion_interruptible(&c->done)) {
+	vmtier_queue_spread(works, n, true);
+	if (wait_for_completion_interruptible(&c->done)) {
 		/* Signal: lanes not started never will; wait for the rest. */
 		vt_stop(c, -EINTR);
 		for (k = 0; k < n; k++)
@@ -871,6 +874,7 @@ static int vt_run(struct vt_ctx *c)
 		wait_for_completion(&c->done);
 	}
 	kfree(works);
+out:
 	if (c->err == -EINTR)
 		vt_stat_add(VT_STAT_INTERRUPTED, 1);
 	else if (c->err == -ESRCH)
@@ -965,7 +969,6 @@ static int vt_alloc_lanes(struct vt_ctx *c)
 		struct vmtier_batch *b = &l->b;
 
 		l->c = c;
-		l->worker = k > 0;
 		b->nid = c->nid;
 		b->threads = c->nlanes > 1 ? 1 : c->cpu_threads;
 		b->src = kvcalloc(c->batch, sizeof(*b->src), GFP_KERNEL);
@@ -1038,6 +1041,7 @@ int vmtier_do_migrate(struct vmtier_migrate *arg, struct vmtier_range *ranges)
 	if (!c)
 		return -ENOMEM;
 	c->arg = arg;
+	c->caller = current;
 	c->ranges = ranges;
 	c->nr_ranges = arg->nr_ranges;
 	c->addr = ranges[0].start;
@@ -1054,7 +1058,7 @@ int vmtier_do_migrate(struct vmtier_migrate *arg, struct vmtier_range *ranges)
 	if (!vt_may_access(c->task))
 		goto put_task;
 	ret = -EACCES;
-	if (!vt_node_allowed(c->task, c->nid))
+	if (!vt_node_allowed(c->task, current, c->nid))
 		goto put_task;
 	ret = (c->task->flags & PF_KTHREAD) ? -EINVAL : -ESRCH;
 	c->mm = get_task_mm(c->task);

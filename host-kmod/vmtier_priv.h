@@ -116,7 +116,8 @@ struct page *vmtier_alloc_dst(int nid);
 void vmtier_free_dst(struct page *page);
 bool vmtier_copy_page(struct page *dst, struct page *src);
 unsigned int vmtier_cpu_copy(struct vmtier_batch *b, bool alloc);
-void vmtier_queue_spread(struct work_struct **works, unsigned int n);
+void vmtier_queue_spread(struct work_struct **works, unsigned int n,
+			 bool self);
 void vmtier_alloc_batch(struct vmtier_batch *b);
 
 /* vmtier_dma.c: DMA engine */
