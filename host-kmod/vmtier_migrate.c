@@ -852,7 +852,7 @@ static int vt_run(struct vt_ctx *c)
 	if (n > 1)
 		works = kcalloc(n, sizeof(*works), GFP_KERNEL);
 	if (!works) {
-		c->nlanes = 1;
+		/* One lane does it all; the others stay empty. */
 		vt_lane_run(&c->lanes[0]);
 		goto out;
 	}
