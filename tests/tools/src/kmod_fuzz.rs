@@ -650,6 +650,8 @@ pub fn run(c: &mut Checks, a: &KmodFuzzArgs) {
     }
     for k in [
         "pages_unmapped",
+        "batches",
+        "batches_by_workers",
         "pages_skipped_pinned",
         "pages_skipped_sharers",
         "pages_aborted",
