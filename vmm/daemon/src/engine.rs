@@ -581,6 +581,12 @@ impl Engine {
             self.migrator.remove_layout(vm.layout.pid);
             return Err(Error::Locate(name, e));
         }
+        // The hint channel connects now, not at the first tick: a chardev socket without a
+        // client drops what the guest writes, so hints sent before the first tick are read
+        // at it instead of a tick later (violations wait for the tick, as any poll's).
+        if let Some(h) = vm.hints.as_mut() {
+            h.feed.poll(&vm.layout, Instant::now());
+        }
         let msg = format!(
             "Attached {name}: {} guest RAM, budget {budget}",
             ByteSize(vm.layout.total_bytes())
@@ -3047,6 +3053,33 @@ mod tests {
             }
         }
         (reached, e.status(&vm).unwrap())
+    }
+
+    #[test]
+    fn the_hint_channel_connects_at_attach() {
+        use std::os::unix::net::UnixListener;
+        let len = 64 * MIB;
+        let w = world(len);
+        let mut e = engine(&w, 1000);
+        let dir = std::env::temp_dir().join(format!("vmtier-engine-hints-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        let sock = dir.join("h.sock");
+        let listener = UnixListener::bind(&sock).unwrap();
+        listener.set_nonblocking(true).unwrap();
+        let mut p = signal_parts(&w, len, weak(0.05, 20, 1));
+        let cfg = vmtier_api::hints::HintsConfig::new(sock);
+        p.hints = Some(HintParts {
+            feed: Box::new(crate::hints::HintChannel::new("g", cfg, Instant::now())),
+            distrust_ticks: 5,
+            max_budget_percent: 50,
+        });
+        e.attach("g".parse().unwrap(), ByteSize(16 * MIB), p)
+            .unwrap();
+        // No tick yet: the guest end already has its client.
+        let accepted = listener.accept();
+        let _ = std::fs::remove_dir_all(&dir);
+        assert!(accepted.is_ok(), "not connected at attach: {accepted:?}");
     }
 
     #[test]
