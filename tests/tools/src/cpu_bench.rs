@@ -53,6 +53,13 @@ pub struct CpuBenchArgs {
     /// Back the child's memory with transparent huge pages (default: 4 KiB pages).
     #[arg(long)]
     thp: bool,
+    /// Tracking modes to measure (comma-separated: 2M, hybrid, 4K).
+    #[arg(long = "mode", value_delimiter = ',', default_value = "2M,hybrid,4K")]
+    modes: Vec<String>,
+    /// Extra `[daemon.policy_params]` lines for the default policy, e.g.
+    /// `sustained_heat = true` (empty: the policy's defaults).
+    #[arg(long, default_value = "")]
+    policy_params: String,
     /// Write the figures here as JSON.
     #[arg(long)]
     out: Option<PathBuf>,
@@ -356,9 +363,14 @@ struct Row {
 
 /// The engine's configuration for one mode over the child's range.
 fn config(a: &CpuBenchArgs, granule: &str, detail: u8, pid: i32, start: u64, len: u64) -> String {
+    let params = if a.policy_params.is_empty() {
+        String::new()
+    } else {
+        format!("[daemon.policy_params]\n{}\n\n", a.policy_params)
+    };
     format!(
         "[daemon]\nsocket = \"/tmp/vmtier-cpu-bench.sock\"\nsource = \"{}\"\ngranule = \"{granule}\"\n\
-         detail_percent = {detail}\nmigrator = \"move_pages\"\n\n\
+         detail_percent = {detail}\nmigrator = \"move_pages\"\n\n{params}\
          [[vm]]\nname = \"proc\"\npid = {pid}\nranges = [{{ start = \"{start:#x}\", len = \"{}K\" }}]\nbudget = \"{}K\"\n",
         a.source,
         len >> 10,
@@ -529,6 +541,16 @@ pub fn run(c: &mut Checks, a: &CpuBenchArgs) {
         }
         return;
     }
+    if let Some(m) = a
+        .modes
+        .iter()
+        .find(|m| !MODES.iter().any(|x| x.0 == m.as_str()))
+    {
+        return c.fatal(
+            "cpu-bench --mode",
+            format!("Unknown tracking mode {m:?} (2M, hybrid, 4K)"),
+        );
+    }
     if bench(c, a).is_none() {
         c.fatal("cpu-bench", "stopped early");
     }
@@ -639,7 +661,10 @@ fn bench(c: &mut Checks, a: &CpuBenchArgs) -> Option<()> {
     }
     let mut rows = Vec::new();
     for &size in &a.sizes {
-        for mode in MODES {
+        for mode in MODES
+            .into_iter()
+            .filter(|m| a.modes.iter().any(|x| x == m.0))
+        {
             rows.push(measure(c, a, size, mode)?);
         }
     }

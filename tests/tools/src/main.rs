@@ -92,6 +92,11 @@ enum Cmd {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
+    // Checks that run vmtierd's engine in this process (cpu-bench) log as vmtierd would,
+    // when asked: RUST_LOG=vmtier_daemon::engine=debug.
+    if std::env::var_os("RUST_LOG").is_some() {
+        let _ = env_logger::try_init();
+    }
     let mut c = check::Checks::default();
     match cli.cmd {
         Cmd::Tiers => sanity::tiers(&mut c),

@@ -149,7 +149,17 @@ impl HeatRecord {
             return 0;
         }
         let hits = hits.min(samples);
-        let fraction = f64::from(hits) / f64::from(samples);
+        Self::heat_gain_of(f64::from(hits) / f64::from(samples), hits)
+    }
+
+    /// [`Self::heat_gain`] of an access `fraction` (0..=1) found with `hits` hits in all: the
+    /// same curve and evidence bound, for a granule that several reports cover in part,
+    /// whose fraction is their byte-weighted mean.
+    pub fn heat_gain_of(fraction: f64, hits: u32) -> u8 {
+        if hits == 0 || fraction.is_nan() || fraction <= 0.0 {
+            return 0;
+        }
+        let fraction = fraction.min(1.0);
         let curve = (f64::from(Self::HEAT_GAIN) + 2.0 * fraction.log2()).round();
         let cap = u64::from(hits)
             .saturating_mul(4)

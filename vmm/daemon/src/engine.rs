@@ -1119,12 +1119,17 @@ fn refresh_placement(
     if full {
         relocate(cfg, locator, vm, all, &mut per_node)?;
     } else {
-        let suspects = probe_granules(cfg, locator, vm, all, &mut per_node)?;
+        let (suspects, why) = probe_granules(cfg, locator, vm, all, &mut per_node)?;
         debug!(
-            "{}: tick {}: sampled refresh: {} of {n} granules read whole",
+            "{}: tick {}: sampled refresh: {} of {n} granules read whole ({} split, {} on both \
+             nodes, {} believed fast on the slow node, {} believed slow on the fast node)",
             vm.name,
             vm.tick,
-            suspects.len()
+            suspects.len(),
+            why.split,
+            why.mixed,
+            why.stale_fast,
+            why.stale_slow
         );
         relocate(cfg, locator, vm, suspects.into_iter(), &mut per_node)?;
     }
@@ -1158,23 +1163,38 @@ fn probe_pages(g: Granule, pages: u64, round: u64) -> impl Iterator<Item = u64> 
     })
 }
 
+/// Why a sampled refresh read granules whole (for the debug log).
+#[derive(Debug, Default)]
+struct Suspects {
+    /// Split regions (hybrid tracking): always read whole.
+    split: u64,
+    /// Probes on two nodes or more.
+    mixed: u64,
+    /// The store says DRAM, every probe is on the slow node.
+    stale_fast: u64,
+    /// The store says the slow tier, every probe is in DRAM.
+    stale_slow: u64,
+}
+
 /// A sampled refresh's first pass: locates the probe pages of `granules`, adds the agreeing
-/// ones to `per_node`, and returns the granules that need every page read.
+/// ones to `per_node`, and returns the granules that need every page read, and why.
 fn probe_granules(
     cfg: &EngineConfig,
     locator: &mut dyn PageLocator,
     vm: &Vm,
     granules: impl Iterator<Item = Granule>,
     per_node: &mut BTreeMap<NodeId, u64>,
-) -> Result<Vec<Granule>, MigrateError> {
+) -> Result<(Vec<Granule>, Suspects), MigrateError> {
     let page = PageSize::Base.bytes();
     let round = vm.tick.checked_div(cfg.refresh_ticks).unwrap_or(vm.tick);
     let recs = vm.store.records();
     let span_len = |g: Granule| vm.store.span(g).map_or(0, |s| s.len);
     let mut suspects = Vec::new();
+    let mut why = Suspects::default();
     let mut probed = Vec::new();
     for g in granules {
         if vm.store.detail(g).is_some() {
+            why.split += 1;
             suspects.push(g);
         } else if let Some(r) = vm.retries.get(&g) {
             // A granule with a move pending (a mixed one found last time, busy pages): its
@@ -1200,23 +1220,29 @@ fn probe_granules(
         |g, _, locs| {
             let believed_fast = recs.get(g.index()).is_some_and(|r| r.is_fast());
             let mut on: Option<NodeId> = None;
-            let mut disagree = false;
+            let mut both = false;
             for l in locs {
                 if let PageLocation::On(node) = *l {
-                    disagree |=
-                        (node == cfg.fast_node) != believed_fast || on.is_some_and(|o| o != node);
+                    both |= on.is_some_and(|o| o != node);
                     on = Some(node);
                 }
             }
-            match on {
-                _ if disagree => suspects.push(g),
-                Some(node) => *per_node.entry(node).or_default() += span_len(g),
-                // Nothing populated where the probes fell: nothing learned.
-                None => {}
+            let stale = match on {
+                _ if both => Some(&mut why.mixed),
+                Some(node) if node == cfg.fast_node && !believed_fast => Some(&mut why.stale_slow),
+                Some(node) if node != cfg.fast_node && believed_fast => Some(&mut why.stale_fast),
+                _ => None,
+            };
+            if let Some(n) = stale {
+                *n += 1;
+                suspects.push(g);
+            } else if let Some(node) = on {
+                *per_node.entry(node).or_default() += span_len(g);
             }
+            // Nothing populated where the probes fell: nothing learned.
         },
     )?;
-    Ok(suspects)
+    Ok((suspects, why))
 }
 
 /// Reads every page of `granules`; updates their tiers (a granule with pages on both nodes
