@@ -2174,13 +2174,18 @@ mod tests {
     }
 
     fn dram_bytes(w: &World) -> u64 {
+        dram_pages(w).len() as u64 * 4096
+    }
+
+    /// The addresses of the VM's pages on the fast node.
+    fn dram_pages(w: &World) -> std::collections::BTreeSet<u64> {
         w.lock()
             .unwrap()
             .node
             .iter()
             .filter(|(k, n)| k.0 == 7 && n.raw() == 0)
-            .count() as u64
-            * 4096
+            .map(|(k, _)| k.1)
+            .collect()
     }
 
     fn engine(w: &World, rate_mbps: u64) -> Engine {
@@ -2673,6 +2678,20 @@ mod tests {
     }
 
     /// Binomial(n, p) draw.
+    /// A `len` VM "g" with `budget` of DRAM whose source reports `signal`, attached to an
+    /// engine with a 1000 MB/s rate limit.
+    fn signal_vm(len: u64, budget: u64, signal: Signal) -> (World, Engine) {
+        let w = world(len);
+        let mut e = engine(&w, 1000);
+        e.attach(
+            "g".parse().unwrap(),
+            ByteSize(budget),
+            signal_parts(&w, len, signal),
+        )
+        .unwrap();
+        (w, e)
+    }
+
     fn binom(rng: &mut Rng, n: u32, p: f64) -> u32 {
         u32::try_from((0..n).filter(|_| rng.unit() < p).count()).unwrap_or(n)
     }
@@ -2705,15 +2724,7 @@ mod tests {
             ("4 KiB guest, p=0.11 per 5 ms sample", weak(0.11, 20, 1), 6),
         ];
         for (name, sig, limit) in cases {
-            let len = 256 * MIB;
-            let w = world(len);
-            let mut e = engine(&w, 1000);
-            e.attach(
-                "g".parse().unwrap(),
-                ByteSize(64 * MIB),
-                signal_parts(&w, len, sig),
-            )
-            .unwrap();
+            let (w, mut e) = signal_vm(256 * MIB, 64 * MIB, sig);
             let mut reached = None;
             for t in 1..=limit {
                 e.tick();
@@ -2761,32 +2772,16 @@ mod tests {
 
     #[test]
     fn small_hot_regions_in_sparse_granules_do_not_churn() {
-        let len = 256 * MIB;
-        let w = world(len);
-        let mut e = engine(&w, 1000);
-        e.attach(
-            "g".parse().unwrap(),
-            ByteSize(64 * MIB),
-            signal_parts(&w, len, sparse_small_regions()),
-        )
-        .unwrap();
-        let dram = |w: &World| -> std::collections::BTreeSet<u64> {
-            let g = w.lock().unwrap();
-            g.node
-                .iter()
-                .filter(|(k, n)| k.0 == 7 && n.raw() == 0)
-                .map(|(k, _)| k.1)
-                .collect()
-        };
+        let (w, mut e) = signal_vm(256 * MIB, 64 * MIB, sparse_small_regions());
         for _ in 0..10 {
             e.tick();
         }
         // From outside: pages whose node changed, tick by tick, once settled.
-        let mut before = dram(&w);
+        let mut before = dram_pages(&w);
         let mut moved = 0usize;
         for _ in 0..30 {
             e.tick();
-            let now = dram(&w);
+            let now = dram_pages(&w);
             moved += before.symmetric_difference(&now).count();
             before = now;
             assert!(dram_bytes(&w) <= 64 * MIB);
@@ -2811,18 +2806,11 @@ mod tests {
         // Soft-dirty style: written or not, one sample per tick (gain ≤ 3). The hot set
         // moves after DRAM is full; its new place must displace the old one.
         let len = 128 * MIB;
-        let w = world(len);
         let sig: Signal = Box::new(move |tick, _| {
             let off = if tick <= 8 { 0 } else { 64 * MIB };
             vec![(0, len, 0, 1), (off, 16 * MIB, 1, 1)]
         });
-        let mut e = engine(&w, 1000);
-        e.attach(
-            "g".parse().unwrap(),
-            ByteSize(16 * MIB),
-            signal_parts(&w, len, sig),
-        )
-        .unwrap();
+        let (w, mut e) = signal_vm(len, 16 * MIB, sig);
         for _ in 0..8 {
             e.tick();
         }
@@ -2836,9 +2824,6 @@ mod tests {
 
     #[test]
     fn one_touch_in_one_window_does_not_promote() {
-        let len = 256 * MIB;
-        let w = world(len);
-        let mut e = engine(&w, 1000);
         // Full DRAM of hot granules first, then a single touch elsewhere.
         let sig: Signal = Box::new(|tick, _| {
             let mut v = vec![(0, 32 * MIB, 20, 20)];
@@ -2847,12 +2832,7 @@ mod tests {
             }
             v
         });
-        e.attach(
-            "g".parse().unwrap(),
-            ByteSize(64 * MIB),
-            signal_parts(&w, len, sig),
-        )
-        .unwrap();
+        let (w, mut e) = signal_vm(256 * MIB, 64 * MIB, sig);
         for _ in 0..10 {
             e.tick();
         }
