@@ -584,6 +584,14 @@ pub fn run(c: &mut Checks, a: &DaemonArgs) {
     let end = sample(&r.pages, hot, None, fill_start);
     let status = r.d.status("guest");
     let (ok, human) = r.d.ctl(&["status", "guest"]);
+    if let Some(line) = human.lines().find(|l| l.contains("hybrid tracking:")) {
+        // Regions a huge page maps are never split (move_pages would move all 512 pages).
+        println!(
+            "  {} (guest RAM on huge pages: {})",
+            line.trim(),
+            ByteSize(crate::mem::guest_thp_bytes(&layout))
+        );
+    }
     // The daemon's counters agree with what moved, seen from outside: its net bytes moved
     // to DRAM against the guest's DRAM growth (4 MiB of slack for pages in flight).
     let net = status.as_ref().map_or(i128::MIN, |s| {

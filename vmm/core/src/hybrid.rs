@@ -277,12 +277,12 @@ pub fn fit(
 }
 
 /// Bytes of tracking state per 4 KiB page of a hybrid store over `pages` pages with `split`
-/// regions split: one summary byte per region, a 4-byte slot index per region, 512 bytes, a
-/// 4-byte owner and a 2-byte count per split region.
+/// regions split: one summary byte, a 4-byte slot index and a huge-page bit per region, 512
+/// bytes, a 4-byte owner and a 2-byte count per split region.
 #[allow(clippy::cast_precision_loss)]
 pub fn bytes_per_page(pages: u64, split: u64) -> f64 {
     let regions = pages.div_ceil(REGION_PAGES);
-    let bytes = regions * 5 + split * (REGION_PAGES + 6);
+    let bytes = regions * 5 + regions.div_ceil(64) * 8 + split * (REGION_PAGES + 6);
     bytes as f64 / pages.max(1) as f64
 }
 

@@ -18,6 +18,7 @@ pub mod hotness;
 pub mod hybrid;
 pub mod layout;
 pub mod migrate;
+pub mod pagemap;
 pub mod policy;
 pub mod process;
 

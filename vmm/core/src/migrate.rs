@@ -98,6 +98,21 @@ pub trait PageLocator: Send {
         addrs: &[HostVirtAddr],
         out: &mut Vec<PageLocation>,
     ) -> Result<(), Error>;
+
+    /// Appends the runs of `[start, start + len)` of `pid` that PMD-mapped huge pages map (a
+    /// transparent huge page or hugetlb page under one page-table entry: a move of any of
+    /// its base pages moves all of them) to `out`, as `(start, len)`. `Ok(false)`: this
+    /// locator cannot tell (then nothing is appended).
+    fn huge_runs(
+        &mut self,
+        pid: ProcessId,
+        start: HostVirtAddr,
+        len: u64,
+        out: &mut Vec<(HostVirtAddr, u64)>,
+    ) -> Result<bool, Error> {
+        let _ = (pid, start, len, out);
+        Ok(false)
+    }
 }
 
 /// Moves pages of a process between NUMA nodes.

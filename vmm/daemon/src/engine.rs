@@ -199,6 +199,8 @@ enum Component {
     Metadata,
     /// The guest hint channel (the guest broke the protocol).
     Hints,
+    /// Finding the huge pages of guest RAM (hybrid tracking).
+    HugeMap,
 }
 
 impl Component {
@@ -210,6 +212,7 @@ impl Component {
             Component::Layout => "layout",
             Component::Metadata => "metadata",
             Component::Hints => "hints",
+            Component::HugeMap => "huge page map",
         }
     }
 }
@@ -320,6 +323,10 @@ struct Vm {
     /// Pinned ranges as set, and the granules they cover (rounded outward), sorted.
     pins: Vec<Pin>,
     pins_at: PinnedGranules,
+    /// Hybrid tracking: the ranges PMD-mapped huge pages map (scratch of [`refresh_huge`]),
+    /// and whether the locator said it cannot tell (logged once).
+    huge_runs: Vec<(HostVirtAddr, u64)>,
+    huge_unknown: bool,
 }
 
 /// The granules a VM's pins cover in its current store, sorted.
@@ -560,6 +567,8 @@ impl Engine {
             per_node: Vec::new(),
             tick: 0,
             reports: Vec::new(),
+            huge_runs: Vec::new(),
+            huge_unknown: false,
             retries: BTreeMap::new(),
             slow_tick_logged: None,
             rate_limit: None,
@@ -1303,6 +1312,77 @@ fn relocate(
 /// Addresses per locate call.
 const REFRESH_CHUNK: usize = 1 << 16;
 
+/// Hybrid tracking: tells the store which regions PMD-mapped huge pages map, before the
+/// tick's reports can split them. `move_pages(2)` moves a huge page whole whatever base page
+/// it is given, so moving a few pages of such a region would move all 512 and overrun the
+/// budget; such regions stay whole, and a region split before (khugepaged collapsed it
+/// since) is merged, its tier confirmed where its first page is. A locator that cannot tell
+/// (no `PAGEMAP_SCAN` before Linux 6.7) leaves every region splittable (logged once).
+fn refresh_huge(
+    cfg: &EngineConfig,
+    locator: &mut dyn PageLocator,
+    vm: &mut Vm,
+) -> Result<(), Lost> {
+    let name = vm.name.to_string();
+    vm.huge_runs.clear();
+    for r in &vm.layout.ranges {
+        match locator.huge_runs(vm.layout.pid, r.hva, r.len, &mut vm.huge_runs) {
+            Ok(true) => {}
+            Ok(false) => {
+                if !vm.huge_unknown {
+                    vm.huge_unknown = true;
+                    info!(
+                        "{name}: cannot tell which guest RAM huge pages map (PAGEMAP_SCAN needs \
+                         Linux 6.7): hybrid tracking may split a THP-backed region, whose \
+                         page moves then take the whole huge page"
+                    );
+                }
+                return Ok(());
+            }
+            Err(MigrateError::ProcessGone(_)) => return Err(Lost::ProcessExited),
+            Err(e) => {
+                vm.metrics.source_errors += 1;
+                vm.problems.set(&name, Component::HugeMap, err_chain(&e));
+                return Ok(());
+            }
+        }
+    }
+    vm.problems.clear(&name, Component::HugeMap);
+    let merged = vm.store.set_huge(&vm.huge_runs);
+    if merged.is_empty() {
+        return Ok(());
+    }
+    debug!(
+        "{name}: tick {}: {} split regions are huge-page mapped now: merged",
+        vm.tick,
+        merged.len()
+    );
+    let at: Vec<(Granule, HostVirtAddr)> = merged
+        .iter()
+        .filter_map(|&g| vm.store.span(g).map(|s| (g, s.hva)))
+        .collect();
+    let addrs: Vec<HostVirtAddr> = at.iter().map(|&(_, a)| a).collect();
+    let mut locs = Vec::with_capacity(addrs.len());
+    match locator.locate(vm.layout.pid, &addrs, &mut locs) {
+        Ok(()) => {
+            for (&(g, _), l) in at.iter().zip(&locs) {
+                if let PageLocation::On(node) = l {
+                    let tier = if *node == cfg.fast_node {
+                        Tier::Fast
+                    } else {
+                        Tier::Slow
+                    };
+                    vm.store.set_tier(g, tier);
+                }
+            }
+        }
+        Err(MigrateError::ProcessGone(_)) => return Err(Lost::ProcessExited),
+        // The majority guess stands until the next refresh reads them.
+        Err(e) => debug!("{name}: locating merged huge regions: {}", err_chain(&e)),
+    }
+    Ok(())
+}
+
 /// One tick of one VM. `Err`: the VM cannot be managed any more.
 fn tick_vm(
     cfg: &EngineConfig,
@@ -1320,6 +1400,9 @@ fn tick_vm(
     // Every use of the pid below is preceded by this check (the backend holds a pidfd):
     // a pid that now names another process is never observed or migrated.
     alive(vm)?;
+    if vm.store.is_hybrid() {
+        refresh_huge(cfg, locator, vm)?;
+    }
     match vm.parts.source.collect(&mut vm.reports) {
         Ok(()) => {
             vm.store.observe(&vm.reports);
@@ -2013,6 +2096,11 @@ mod tests {
         located: u64,
         /// Each migrate call takes this long (a slow host, emulation).
         delay: Duration,
+        /// 2 MiB-aligned addresses of PMD-mapped huge pages: a move of any of their pages
+        /// moves all 512, as `move_pages(2)` does.
+        huge: std::collections::BTreeSet<u64>,
+        /// The locator cannot tell which ranges huge pages map (no `PAGEMAP_SCAN`).
+        huge_unknown: bool,
     }
     type World = Arc<Mutex<Pages>>;
 
@@ -2115,6 +2203,17 @@ mod tests {
                     outcomes.push(PageOutcome::Busy);
                     continue;
                 }
+                let head = p.addr.raw() & !(2 * MIB - 1);
+                if w.node.contains_key(&key) && w.huge.contains(&head) {
+                    for a in (head..head + 2 * MIB).step_by(4096) {
+                        if let Some(n) = w.node.get_mut(&(pid.raw(), a)) {
+                            if *n != target {
+                                w.moved[target.raw() as usize] += 1;
+                            }
+                            *n = target;
+                        }
+                    }
+                }
                 outcomes.push(match w.node.get_mut(&key) {
                     Some(n) => {
                         if *n != target {
@@ -2157,6 +2256,30 @@ mod tests {
                     .map_or(PageLocation::Unknown, |n| PageLocation::On(*n))
             }));
             Ok(())
+        }
+
+        fn huge_runs(
+            &mut self,
+            pid: ProcessId,
+            start: HostVirtAddr,
+            len: u64,
+            out: &mut Vec<(HostVirtAddr, u64)>,
+        ) -> Result<bool, MigrateError> {
+            let w = self.0.lock().unwrap();
+            if w.dead.contains(&pid.raw()) {
+                return Err(MigrateError::ProcessGone(pid));
+            }
+            if w.huge_unknown {
+                return Ok(false);
+            }
+            let (lo, hi) = (start.raw(), start.raw() + len);
+            out.extend(
+                w.huge
+                    .range(lo & !(2 * MIB - 1)..hi)
+                    .filter(|&&h| h + 2 * MIB > lo)
+                    .map(|&h| (HostVirtAddr::new(h), 2 * MIB)),
+            );
+            Ok(true)
         }
     }
 
@@ -3401,6 +3524,23 @@ mod tests {
         }
     }
 
+    /// A world of `len` bytes and an engine with hybrid tracking at `percent`, managing VM
+    /// `g` (budget `budget` bytes) whose source reports `hot` ([`ranges_parts`]).
+    fn hybrid_vm(
+        len: u64,
+        percent: u8,
+        budget: u64,
+        hot: &[(u64, u64, u32)],
+    ) -> (World, Engine, VmId) {
+        let w = world(len);
+        let mut e = engine(&w, 1000);
+        e.cfg.detail_percent = percent;
+        let vm: VmId = "g".parse().unwrap();
+        e.attach(vm.clone(), ByteSize(budget), ranges_parts(hot, len))
+            .unwrap();
+        (w, e, vm)
+    }
+
     #[test]
     fn hybrid_tracking_moves_dense_regions_whole_and_only_the_hot_pages_of_mixed_ones() {
         // 256 MiB: a dense 8 MiB hot set (4 whole regions) and 32 regions with only 64 KiB
@@ -3417,12 +3557,7 @@ mod tests {
             (0, 0, 12 * MIB - MIB),
         ];
         for (percent, lo, hi) in cases {
-            let w = world(len);
-            let mut e = engine(&w, 1000);
-            e.cfg.detail_percent = percent;
-            let vm: VmId = "g".parse().unwrap();
-            e.attach(vm.clone(), ByteSize(12 * MIB), ranges_parts(&hot, len))
-                .unwrap();
+            let (w, mut e, vm) = hybrid_vm(len, percent, 12 * MIB, &hot);
             for _ in 0..12 {
                 e.tick();
                 assert!(dram_bytes(&w) <= 12 * MIB, "{percent}%: over budget");
@@ -3469,12 +3604,7 @@ mod tests {
         let hot: Vec<(u64, u64, u32)> = (0..32u64)
             .map(|k| (64 * MIB + k * 4 * MIB + 128 * 1024, 64 * 1024, 20))
             .collect();
-        let w = world(len);
-        let mut e = engine(&w, 1000);
-        e.cfg.detail_percent = 30;
-        let vm: VmId = "g".parse().unwrap();
-        e.attach(vm.clone(), ByteSize(4 * MIB), ranges_parts(&hot, len))
-            .unwrap();
+        let (w, mut e, vm) = hybrid_vm(len, 30, 4 * MIB, &hot);
         for _ in 0..6 {
             e.tick();
         }
@@ -3506,6 +3636,79 @@ mod tests {
             );
         }
         assert!(dram_bytes(&w) <= 2 * MIB, "over the cut budget");
+    }
+
+    #[test]
+    fn hybrid_tracking_never_splits_a_region_a_huge_page_maps() {
+        // The sparse load of the test above on THP-backed guest RAM: every 2 MiB region is
+        // one PMD-mapped huge page, which the fake (like move_pages) moves whole whatever
+        // page it is given. Budget 12 MiB.
+        let len = 256 * MIB;
+        let mut hot = vec![(16 * MIB, 8 * MIB, 20)];
+        hot.extend((0..32u64).map(|k| (64 * MIB + k * 4 * MIB + 128 * 1024, 64 * 1024, 20)));
+        let thp = |w: &World| {
+            let mut g = w.lock().unwrap();
+            g.huge = (0..len / (2 * MIB)).map(|k| BASE + k * 2 * MIB).collect();
+        };
+        // (locator can tell, over budget at some tick): the fake moves huge pages whole, so
+        // splitting them overruns the budget; with the map nothing is split and the budget
+        // holds.
+        for (known, overrun) in [(true, false), (false, true)] {
+            let (w, mut e, vm) = hybrid_vm(len, 30, 12 * MIB, &hot);
+            thp(&w);
+            w.lock().unwrap().huge_unknown = !known;
+            let mut max = 0;
+            for _ in 0..12 {
+                e.tick();
+                max = max.max(dram_bytes(&w));
+            }
+            assert_eq!(
+                max > 12 * MIB,
+                overrun,
+                "known {known}: max {} KiB",
+                max / 1024
+            );
+            let hy = e.status(&vm).unwrap().hybrid.expect("hybrid status");
+            if known {
+                assert_eq!(hy.splits, 0, "a huge-page-mapped region was split");
+                // The dense hot set is in DRAM, whole.
+                assert_eq!(hot_in_dram(&w, 16 * MIB, 8 * MIB), 8 * MIB);
+            }
+        }
+
+        // Split on 4 KiB pages first, then khugepaged collapses every region (onto the slow
+        // node, whatever its pages' tiers were): the split regions merge at the next tick,
+        // with the tier the store keeps confirmed from outside, and the budget holds.
+        let (w, mut e, vm) = hybrid_vm(len, 30, 12 * MIB, &hot);
+        for _ in 0..6 {
+            e.tick();
+        }
+        let hy = e.status(&vm).unwrap().hybrid.expect("hybrid status");
+        assert_eq!(
+            hy.split_regions, 32,
+            "the sparse regions split on 4 KiB pages"
+        );
+        thp(&w);
+        {
+            let mut g = w.lock().unwrap();
+            for k in 0..32u64 {
+                let head = BASE + 64 * MIB + k * 4 * MIB;
+                for a in (head..head + 2 * MIB).step_by(4096) {
+                    g.node.insert((7, a), NodeId::new(1));
+                }
+            }
+        }
+        e.tick();
+        let st = e.status(&vm).unwrap();
+        assert_eq!(st.hybrid.expect("hybrid status").split_regions, 0);
+        for t in 1..=8 {
+            e.tick();
+            assert!(
+                dram_bytes(&w) <= 12 * MIB,
+                "tick {t} after the collapse: over budget"
+            );
+        }
+        assert_eq!(e.status(&vm).unwrap().summary.fast_bytes, dram_bytes(&w));
     }
 
     fn pin(start: u64, size: u64, tier: PinTier) -> Pin {

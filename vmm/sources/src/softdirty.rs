@@ -23,9 +23,9 @@
 use std::fs::{File, OpenOptions};
 use std::io::{ErrorKind, Write};
 use std::os::unix::fs::FileExt;
-use std::os::unix::io::AsRawFd;
 
 use vmtier_core::hotness::{self, HotnessSource};
+use vmtier_core::pagemap::{self, PageRegion, PAGE_IS_SOFT_DIRTY, SCAN_BATCH};
 use vmtier_core::{GuestMemoryLayout, HostVirtAddr, ProcessId, RegionAccess};
 
 use crate::damon::process_alive;
@@ -34,44 +34,8 @@ const PAGE: u64 = 4096;
 const PAGE_BYTES: usize = 4096;
 /// Pagemap entries read per `pread`.
 const PAGEMAP_BATCH: usize = 64 * 1024;
-/// Runs returned per `PAGEMAP_SCAN` call.
-const SCAN_BATCH: usize = 512;
 /// Pagemap entry bit: the page is soft-dirty.
 const PM_SOFT_DIRTY: u64 = 1 << 55;
-
-/// `PAGE_IS_SOFT_DIRTY` from `linux/fs.h`.
-const PAGE_IS_SOFT_DIRTY: u64 = 1 << 7;
-
-/// `struct page_region` from `linux/fs.h`.
-#[repr(C)]
-#[derive(Clone, Copy, Default, Debug)]
-struct PageRegion {
-    start: u64,
-    end: u64,
-    categories: u64,
-}
-
-/// `struct pm_scan_arg` from `linux/fs.h`.
-#[repr(C)]
-#[derive(Default, Debug)]
-struct PmScanArg {
-    size: u64,
-    flags: u64,
-    start: u64,
-    end: u64,
-    walk_end: u64,
-    vec: u64,
-    vec_len: u64,
-    max_pages: u64,
-    category_inverted: u64,
-    category_mask: u64,
-    category_anyof_mask: u64,
-    return_mask: u64,
-}
-
-/// `PAGEMAP_SCAN = _IOWR('f', 16, struct pm_scan_arg)`.
-const PAGEMAP_SCAN: u64 =
-    (3 << 30) | ((std::mem::size_of::<PmScanArg>() as u64) << 16) | (0x66 << 8) | 16;
 
 /// Errors of the soft-dirty source.
 #[derive(Debug, thiserror::Error)]
@@ -172,44 +136,9 @@ fn open_proc(pid: ProcessId, name: &str, write: bool) -> Result<File, Error> {
         })
 }
 
-/// One `PAGEMAP_SCAN` call over `[start, end)` for soft-dirty pages. Returns the number of
-/// runs filled into `vec` and where the walk stopped.
-fn scan_once(
-    fd: &File,
-    start: u64,
-    end: u64,
-    vec: &mut [PageRegion],
-) -> std::io::Result<(usize, u64)> {
-    let mut arg = PmScanArg {
-        size: std::mem::size_of::<PmScanArg>() as u64,
-        start,
-        end,
-        vec: vec.as_mut_ptr() as u64,
-        vec_len: vec.len() as u64,
-        category_mask: PAGE_IS_SOFT_DIRTY,
-        return_mask: PAGE_IS_SOFT_DIRTY,
-        ..PmScanArg::default()
-    };
-    // SAFETY: `arg` is a properly sized pm_scan_arg that lives across the call; `vec`
-    // points to `vec_len` writable page_region structs owned by the caller.
-    let n = unsafe {
-        libc::ioctl(
-            fd.as_raw_fd(),
-            PAGEMAP_SCAN as _,
-            std::ptr::addr_of_mut!(arg),
-        )
-    };
-    if n < 0 {
-        return Err(std::io::Error::last_os_error());
-    }
-    let n = usize::try_from(n).unwrap_or(0).min(vec.len());
-    Ok((n, arg.walk_end))
-}
-
-/// Whether `PAGEMAP_SCAN` works on `pagemap` (tried on an empty range at `addr`).
+/// Whether `PAGEMAP_SCAN` works on `pagemap` (tried on one page at `addr`).
 fn scan_supported(pagemap: &File, addr: u64) -> bool {
-    let mut v = [PageRegion::default(); 1];
-    scan_once(pagemap, addr, addr.saturating_add(PAGE), &mut v).is_ok()
+    pagemap::supported(pagemap, addr, PAGE_IS_SOFT_DIRTY)
 }
 
 /// Appends `[start, end)`, written (`dirty`) or not, to `out` as one sample, merging with
@@ -347,20 +276,7 @@ fn scan_dirty_ioctl(
     vec: &mut [PageRegion],
     dirty: &mut Vec<(u64, u64)>,
 ) -> std::io::Result<bool> {
-    let mut at = start;
-    while at < end {
-        let (n, walk_end) = scan_once(fd, at, end, vec)?;
-        for r in &vec[..n] {
-            match dirty.last_mut() {
-                Some(last) if last.1 == r.start => last.1 = r.end,
-                _ => dirty.push((r.start, r.end)),
-            }
-        }
-        if walk_end <= at {
-            break;
-        }
-        at = walk_end;
-    }
+    pagemap::runs(fd, start, end, PAGE_IS_SOFT_DIRTY, vec, dirty)?;
     Ok(true)
 }
 
@@ -458,13 +374,6 @@ pub fn probe() -> Result<Scan, Error> {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn ioctl_number_matches_the_uapi() {
-        assert_eq!(std::mem::size_of::<PmScanArg>(), 96);
-        assert_eq!(std::mem::size_of::<PageRegion>(), 24);
-        assert_eq!(PAGEMAP_SCAN, 0xc060_6610);
-    }
 
     #[test]
     fn dirty_runs_cover_the_range() {

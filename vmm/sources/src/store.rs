@@ -206,6 +206,10 @@ struct Detail {
     /// Per slot: its pages in the fast tier (kept with every tier change).
     fast: Vec<u16>,
     free: Vec<u32>,
+    /// One bit per region: a PMD-mapped huge page maps (part of) it, as last told by
+    /// [`HotnessStore::set_huge`]. `move_pages(2)` moves such a page whole whatever base page
+    /// it is given, so these regions are never split.
+    huge: Vec<u64>,
     stats: DetailStats,
 }
 
@@ -214,6 +218,12 @@ const REGION_PAGES: usize = 512;
 const _: () = assert!(REGION_PAGES as u64 == hybrid::REGION_PAGES);
 
 impl Detail {
+    fn is_huge(&self, region: usize) -> bool {
+        self.huge
+            .get(region / 64)
+            .is_some_and(|w| w & (1 << (region % 64)) != 0)
+    }
+
     fn slot(&self, region: usize) -> Option<usize> {
         match self.slot_of.get(region) {
             Some(&s) if s != NO_SLOT => Some(s as usize),
@@ -336,6 +346,7 @@ impl HotnessStore {
             let cap = u64::from(next) * u64::from(config.detail_percent.min(100)) / 100;
             Some(Detail {
                 slot_of: vec![NO_SLOT; n],
+                huge: vec![0; n.div_ceil(64)],
                 stats: DetailStats {
                     cap,
                     ..DetailStats::default()
@@ -379,6 +390,7 @@ impl HotnessStore {
         let detail = self.detail.as_ref().map_or(0, |d| {
             (d.slot_of.capacity() + d.owner.capacity() + d.free.capacity()) * 4
                 + d.fast.capacity() * 2
+                + d.huge.capacity() * 8
                 + d.pages.capacity()
         });
         (spans + recs + detail) as u64
@@ -430,6 +442,57 @@ impl HotnessStore {
         self.detail
             .as_ref()
             .map_or_else(DetailStats::default, |d| d.stats)
+    }
+
+    /// Hybrid tracking: the ranges PMD-mapped huge pages map now, as `(start, len)` in host
+    /// virtual addresses. `move_pages(2)` moves such a page whole whatever base page it is
+    /// given, so a region any of them touches is not split from now on, and one split before
+    /// (khugepaged collapsed it since) is merged. Returns the merged regions: each is
+    /// recorded on the tier most of its pages were on, which the caller should confirm (a
+    /// huge page is on one node). Nothing without hybrid tracking.
+    pub fn set_huge(&mut self, runs: &[(HostVirtAddr, u64)]) -> Vec<Granule> {
+        let Some(d) = self.detail.as_mut() else {
+            return Vec::new();
+        };
+        d.huge.fill(0);
+        for &(start, len) in runs {
+            let Some(end) = start.raw().checked_add(len) else {
+                continue;
+            };
+            for s in &self.spans {
+                // Layout construction checked hva + len fits.
+                let lo = start.raw().max(s.hva);
+                let hi = end.min(s.hva + s.len);
+                if lo >= hi {
+                    continue;
+                }
+                let g0 = (lo - s.base()) >> self.shift;
+                let g1 = (hi - 1 - s.base()) >> self.shift;
+                for k in g0..=g1 {
+                    let r = usize::try_from(u64::from(s.first) + k).unwrap_or(usize::MAX);
+                    if let Some(w) = d.huge.get_mut(r / 64) {
+                        *w |= 1 << (r % 64);
+                    }
+                }
+            }
+        }
+        let mut merged = Vec::new();
+        for slot in 0..d.owner.len() {
+            let region = d.owner[slot];
+            if region == NO_SLOT || !d.is_huge(region as usize) {
+                continue;
+            }
+            let tier = if usize::from(d.fast[slot]) * 2 >= REGION_PAGES {
+                Tier::Fast
+            } else {
+                Tier::Slow
+            };
+            let r = &mut self.records[region as usize];
+            *r = r.placed_on(tier);
+            d.merge(slot);
+            merged.push(Granule(region));
+        }
+        merged
     }
 
     /// The 4 KiB records of a split region (hybrid tracking), `None` for a whole one.
@@ -815,10 +878,12 @@ impl HotnessStore {
         let whole = c.hi - c.lo == self.granule_bytes;
         let slot = match d.slot(c.region) {
             Some(s) => s,
-            None if whole && c.seen.mixed() => match d.split(c.region, before) {
-                Some(s) => s,
-                None => return,
-            },
+            None if whole && c.seen.mixed() && !d.is_huge(c.region) => {
+                match d.split(c.region, before) {
+                    Some(s) => s,
+                    None => return,
+                }
+            }
             None => return,
         };
         let pages = d.pages_mut(slot);
@@ -1324,6 +1389,47 @@ mod tests {
         assert!(s.detail(Granule(1)).is_none());
         let st = s.detail_stats();
         assert_eq!((st.split, st.splits, st.merges), (0, 2, 2));
+    }
+
+    #[test]
+    fn regions_a_huge_page_maps_stay_whole() {
+        let m2 = 2u64 << 20;
+        // Four regions, each seen mixed (64 KiB hot, the rest cold). Huge pages map r1 and,
+        // by a run that ends 4 KiB into it, r2; r0 was split before its huge page came.
+        let reports: Vec<RegionAccess> = (0..4u64)
+            .flat_map(|r| {
+                [
+                    acc(A + r * m2, 64 << 10, 20),
+                    acc(A + r * m2 + (64 << 10), m2 - (64 << 10), 0),
+                ]
+            })
+            .collect();
+        let mut s = hybrid(4, 100);
+        s.tick();
+        s.observe(&reports[..2]);
+        assert!(s.detail(Granule(0)).is_some());
+        // r0's 16 hot pages promoted: the majority of its pages stay slow.
+        assert_eq!(s.apply(Granule(0), Step::Promote, 4), 16);
+        let runs = [
+            (HostVirtAddr::new(A), m2),
+            (HostVirtAddr::new(A + m2), m2 + 4096),
+            (HostVirtAddr::new(A - m2), m2), // outside guest RAM: ignored
+        ];
+        assert_eq!(s.set_huge(&runs), vec![Granule(0)]);
+        assert!(s.detail(Granule(0)).is_none());
+        assert!(!s.records()[0].is_fast(), "merged on its majority tier");
+        s.tick();
+        s.observe(&reports);
+        let split: Vec<bool> = (0..4).map(|g| s.detail(Granule(g)).is_some()).collect();
+        assert_eq!(split, vec![false, false, false, true]);
+        // The huge pages went away (split by the kernel): every region may split again.
+        assert!(s.set_huge(&[]).is_empty());
+        s.tick();
+        s.observe(&reports);
+        assert_eq!(s.detail_stats().split, 4);
+        // Without hybrid tracking there is nothing to do.
+        let mut plain = store(&[(0, A, 4 * m2)], m2);
+        assert!(plain.set_huge(&runs).is_empty());
     }
 
     #[test]
