@@ -1331,7 +1331,7 @@ fn refresh_huge(
             Ok(false) => {
                 if !vm.huge_unknown {
                     vm.huge_unknown = true;
-                    info!(
+                    warn!(
                         "{name}: cannot tell which guest RAM huge pages map (PAGEMAP_SCAN needs \
                          Linux 6.7): hybrid tracking may split a THP-backed region, whose \
                          page moves then take the whole huge page"
