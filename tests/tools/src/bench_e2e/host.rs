@@ -121,36 +121,53 @@ pub struct Balloon {
 }
 
 impl Balloon {
-    /// Inflates until node 0 has about `target_free` bytes free (2 MiB steps). Node 0's
-    /// free memory moves while it inflates (reclaim, per-CPU lists, THP), so it inflates
-    /// again, up to 4 times, while more than 2 MiB too much is free.
+    /// Chunk of the balloon: it inflates and deflates by whole chunks.
+    const CHUNK: u64 = 2 << 20;
+
+    /// Inflates or deflates until node 0 has `target_free` bytes free, within a chunk (2 MiB).
+    /// Node 0's free memory moves meanwhile (reclaim, per-CPU lists, THP, the VMM's own
+    /// allocations), so it reads it again after each step, up to 6 times: a balloon that
+    /// overshot gives chunks back instead of leaving a manager less DRAM than the others.
     pub fn inflate_to(target_free: u64) -> Result<Self, String> {
         let free_before = node_free(0);
-        let mut bufs = Vec::new();
-        let mut bytes = 0;
-        for _ in 0..4 {
-            let step = node_free(0).saturating_sub(target_free) & !((2 << 20) - 1);
-            if step == 0 {
+        let mut bufs: Vec<AnonBuf> = Vec::new();
+        for _ in 0..6 {
+            let free = node_free(0);
+            if free >= target_free.saturating_add(Self::CHUNK) {
+                let chunks = (free - target_free) / Self::CHUNK;
+                for _ in 0..chunks {
+                    bufs.push(Self::chunk()?);
+                }
+            } else if free.saturating_add(Self::CHUNK) <= target_free && !bufs.is_empty() {
+                let chunks = (target_free - free) / Self::CHUNK;
+                let keep = bufs
+                    .len()
+                    .saturating_sub(usize::try_from(chunks).unwrap_or(usize::MAX));
+                bufs.truncate(keep);
+            } else {
                 break;
             }
-            let len = usize::try_from(step).map_err(|e| e.to_string())?;
-            let buf = AnonBuf::new_on_node(len, false, 0).map_err(|e| e.to_string())?;
-            // SAFETY: mlock on our own mapping, all of which is populated.
-            if unsafe { libc::mlock(buf.addr().raw() as *const libc::c_void, buf.len()) } != 0 {
-                return Err(std::io::Error::last_os_error().to_string());
-            }
-            bufs.push(buf);
-            bytes += step;
             // Let the per-CPU page lists settle before reading again.
             std::thread::sleep(Duration::from_millis(200));
         }
         Ok(Self {
+            bytes: bufs.len() as u64 * Self::CHUNK,
             _bufs: bufs,
-            bytes,
             free_before,
             free_after: node_free(0),
             target_free,
         })
+    }
+
+    /// One mlocked chunk on node 0.
+    fn chunk() -> Result<AnonBuf, String> {
+        let len = usize::try_from(Self::CHUNK).map_err(|e| e.to_string())?;
+        let buf = AnonBuf::new_on_node(len, false, 0).map_err(|e| e.to_string())?;
+        // SAFETY: mlock on our own mapping, all of which is populated.
+        if unsafe { libc::mlock(buf.addr().raw() as *const libc::c_void, buf.len()) } != 0 {
+            return Err(std::io::Error::last_os_error().to_string());
+        }
+        Ok(buf)
     }
 }
 
