@@ -66,12 +66,12 @@ pub struct Config {
     /// 2 MiB move costs 154 times a 4 KiB one), rank slow granules by their *sustained*
     /// heat over three ticks — 0 if not seen this tick — so a touch in one tick or two
     /// running (a sweep, a scan) never moves a granule ([`crate::payback`]). Costs 2 bytes
-    /// per granule of history there. Default `false` (rank by heat alone, no budget-sized
-    /// hot bin): in the e2e benchmark the rule did not reliably stop a sweep's ping-pong
-    /// (DAMON's regions blur a slow sweep over neighbouring granules for three ticks, like a
-    /// new hot set) and it delays a 2 MiB granule's first promotion to its third tick: 5.0-5.2
-    /// s to 90% of the e2e hot set against 2.1-3.1 s without (docs/policies.md, "Why it is
-    /// off by default").
+    /// per granule of history there. Default `true` since 2026-11-27: with the store's
+    /// byte-weighted heat fold it took the e2e static/thp shape from 114-131 thousand pages
+    /// migrated, 46-51 thousand of them back and forth, to 11-12 thousand and none, at the
+    /// cost of a 2 MiB granule's first promotion waiting for its third tick (about 2 s later
+    /// to 90% of the hot set); `false` ranks by heat alone, without the budget-sized hot bin
+    /// (docs/policies.md, "On by default since 2026-11-27").
     pub sustained_heat: bool,
     /// Displacement by worth: the heat margin a slow granule needs over a resident one is
     /// the resident's own heat, between 1 and `swap_margin` ([`select::worth_margin`]), so a
@@ -93,7 +93,7 @@ impl Default for Config {
             min_move_age: 3,
             hot_hint_heat: 20,
             headroom_permille: 0,
-            sustained_heat: false,
+            sustained_heat: true,
             displace_by_worth: false,
         }
     }

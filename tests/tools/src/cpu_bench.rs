@@ -57,7 +57,7 @@ pub struct CpuBenchArgs {
     #[arg(long = "mode", value_delimiter = ',', default_value = "2M,hybrid,4K")]
     modes: Vec<String>,
     /// Extra `[daemon.policy_params]` lines for the default policy, e.g.
-    /// `sustained_heat = true` (empty: the policy's defaults).
+    /// `sustained_heat = false` (empty: the policy's defaults).
     #[arg(long, default_value = "")]
     policy_params: String,
     /// Write the figures here as JSON.

@@ -82,7 +82,7 @@ pub struct BenchE2eArgs {
     #[arg(long, default_value = "target/bench/e2e.json")]
     out: PathBuf,
     /// Extra `[daemon.policy_params]` lines for vmtierd's policy, e.g. `sustained_heat =
-    /// true` (empty: its defaults).
+    /// false` (empty: its defaults).
     #[arg(long, default_value = "")]
     vmtierd_params: String,
 }
