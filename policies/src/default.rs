@@ -65,8 +65,9 @@ pub struct Config {
     /// Where one tick of observation cannot pay back a move (granules above 512 KiB: a
     /// 2 MiB move costs 154 times a 4 KiB one), rank slow granules by their *sustained*
     /// heat over three ticks — 0 if not seen this tick — so a touch in one tick or two
-    /// running (a sweep, a scan) never moves a granule ([`crate::payback`]). Costs 2 bytes
-    /// per granule of history there. Default `true` since 2026-11-27: with the store's
+    /// running (a sweep, a scan) never moves a granule ([`crate::payback`]); not for a region
+    /// split to 4 KiB detail ([`PolicyInput::split`]), which moves only its hot pages. Costs
+    /// 2 bytes per granule of history there. Default `true` since 2026-11-27: with the store's
     /// byte-weighted heat fold it took the e2e static/thp shape from 114-131 thousand pages
     /// migrated, 46-51 thousand of them back and forth, to 11-12 thousand and none, at the
     /// cost of a 2 MiB granule's first promotion waiting for its third tick (about 2 s later
@@ -263,8 +264,9 @@ impl PlacementPolicy for DefaultPolicy {
             self.history.clear();
         }
         let hist = &self.history;
+        // A split region (hybrid tracking) moves only its hot pages: one tick pays that back.
         let base = |i: usize, r: HeatRecord| -> u8 {
-            if needs && !r.is_fast() {
+            if needs && !r.is_fast() && !input.is_split(i) {
                 payback::sustained(r.heat(), hist.prev(i))
             } else {
                 r.heat()
@@ -597,6 +599,37 @@ mod tests {
                 "{bytes} B gain {gain}"
             );
         }
+    }
+
+    #[test]
+    fn a_split_region_is_promoted_on_one_ticks_heat() {
+        // Four slow 2 MiB regions at heat 16, first tick (no history). A split region (hybrid
+        // tracking) moves only its hot pages, which one tick of heat pays back; a whole one
+        // needs sustained heat. (split regions, rule on, promoted)
+        let cases: [(&[u32], bool, &[u32]); 4] = [
+            (&[], true, &[]),
+            (&[1, 3], true, &[1, 3]),
+            (&[0, 1, 2, 3], true, &[0, 1, 2, 3]),
+            (&[1], false, &[0, 1, 2, 3]),
+        ];
+        for (split, sustained_heat, want) in cases {
+            let r = vec![HeatRecord::new(16, Tier::Slow, HeatRecord::SETTLED); 4];
+            let mut input = PolicyInput::from_records(0, MIB2, &r, 4, 8);
+            input.split = split;
+            let cfg = Config {
+                sustained_heat,
+                ..Config::default()
+            };
+            let plan = DefaultPolicy::new(cfg).plan(&input);
+            let got: Vec<u32> = plan.promote.iter().map(|g| g.0).collect();
+            assert_eq!(got, want, "split {split:?}, rule {sustained_heat}");
+        }
+        // is_split over a sorted list, including indices past it.
+        let r = [HeatRecord::default(); 3];
+        let mut input = PolicyInput::from_records(0, MIB2, &r, 1, 1);
+        input.split = &[2];
+        let got: Vec<bool> = (0..4).map(|i| input.is_split(i)).collect();
+        assert_eq!(got, [false, false, true, false]);
     }
 
     #[test]

@@ -575,6 +575,7 @@ pub fn run_logged(
     ];
     let mut windows: Vec<Reported> = Vec::new();
     let mut regions: Vec<Region> = Vec::new();
+    let mut split: Vec<u32> = Vec::new();
     let mut reports: Vec<RegionAccess> = Vec::new();
 
     let mut observed: Vec<u16> = Vec::new();
@@ -809,6 +810,7 @@ pub fn run_logged(
         if hybrid {
             budget = store.policy_budget(budget_pages * page_bytes, hot_min);
         }
+        store.split_regions(&mut split);
         let records = store.records();
         let t0 = Instant::now();
         let plan = match planner {
@@ -825,6 +827,7 @@ pub fn run_logged(
                     regions: &regions,
                     hints: &[],
                     max_gain,
+                    split: &split,
                 };
                 p.plan(&input)
             }

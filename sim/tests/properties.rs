@@ -84,6 +84,7 @@ fn plans_respect_budget_moves_and_tiers() {
                     regions: &c.regions,
                     hints: &[],
                     max_gain: 16,
+                    split: &[],
                 };
                 let plan = p.plan(&input);
                 let ctx = format!("{} seed {seed} tick {tick}", e.name);

@@ -286,6 +286,10 @@ pub struct PolicyInput<'a> {
     /// ([`HeatRecord::heat_gain`] of all samples hit): 16 for DAMON and A-bit scans, 3 for
     /// soft-dirty's one sample per tick. Heat margins are in units of it.
     pub max_gain: u8,
+    /// Granules tracked with 4 KiB detail (hybrid tracking), sorted: promoting one moves
+    /// only its hot pages and demoting it only its fast ones, so a move of it costs what
+    /// moving those base pages costs, not the granule's size. Empty without hybrid tracking.
+    pub split: &'a [u32],
 }
 
 impl<'a> PolicyInput<'a> {
@@ -309,7 +313,13 @@ impl<'a> PolicyInput<'a> {
             regions: &[],
             hints: &[],
             max_gain: HeatRecord::HEAT_GAIN,
+            split: &[],
         }
+    }
+
+    /// Whether granule `i` is tracked with 4 KiB detail ([`Self::split`]).
+    pub fn is_split(&self, i: usize) -> bool {
+        u32::try_from(i).is_ok_and(|i| self.split.binary_search(&i).is_ok())
     }
 
     /// `heat`, a heat difference meant for a source of full range (gain 16 per tick), in

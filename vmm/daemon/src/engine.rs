@@ -1469,11 +1469,14 @@ fn tick_vm(
     let masked = pin_masked(vm);
     let records: &[HeatRecord] = masked.as_deref().unwrap_or(vm.store.records());
     let budget = budget.saturating_sub(vm.pins_at.fast.len() as u64);
+    let mut split = Vec::new();
+    vm.store.split_regions(&mut split);
     let mut input = PolicyInput::from_records(vm.tick, g, records, budget, policy_moves);
     if let Some(h) = &vm.hints {
         input.hints = h.tracker.hints();
     }
     input.max_gain = max_gain;
+    input.split = &split;
     let fast_used = input.fast_used();
     let mut plan = vm.parts.policy.plan(&input);
     if !vm.pins_at.is_empty() {

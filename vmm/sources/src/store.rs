@@ -495,6 +495,18 @@ impl HotnessStore {
         merged
     }
 
+    /// The regions split to 4 KiB detail now, sorted, into `out` (cleared first; empty
+    /// without hybrid tracking): what [`PolicyInput::split`] takes.
+    ///
+    /// [`PolicyInput::split`]: vmtier_core::policy::PolicyInput::split
+    pub fn split_regions(&self, out: &mut Vec<u32>) {
+        out.clear();
+        if let Some(d) = self.detail.as_ref() {
+            out.extend(d.owner.iter().copied().filter(|&r| r != NO_SLOT));
+            out.sort_unstable();
+        }
+    }
+
     /// The 4 KiB records of a split region (hybrid tracking), `None` for a whole one.
     pub fn detail(&self, granule: Granule) -> Option<&[HeatRecord]> {
         let d = self.detail.as_ref()?;
@@ -1350,6 +1362,9 @@ mod tests {
         assert_eq!(heats(&s), vec![16, 16, 16, 0]);
         let split: Vec<bool> = (0..4).map(|g| s.detail(Granule(g)).is_some()).collect();
         assert_eq!(split, vec![false, true, true, false]);
+        let mut list = vec![7];
+        s.split_regions(&mut list);
+        assert_eq!(list, vec![1, 2], "what the policy is told is split");
         let d1 = s.detail(Granule(1)).unwrap();
         assert_eq!((d1[0].heat(), d1[15].heat(), d1[16].heat()), (16, 16, 0));
         let d2 = s.detail(Granule(2)).unwrap();
@@ -1381,6 +1396,8 @@ mod tests {
         }
         assert!(s.detail(Granule(2)).is_none());
         assert!(s.detail(Granule(1)).is_some());
+        s.split_regions(&mut list);
+        assert_eq!(list, vec![1]);
         let ups = s.touch_ups(4);
         assert_eq!(ups, vec![(Granule(1), Step::Trim)]);
         assert_eq!(s.apply(Granule(1), Step::Trim, 4), 16);
