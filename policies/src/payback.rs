@@ -31,9 +31,10 @@
 //! a 4 KiB one — and it pays back from the same `promote_min_heat` within a tick or two.
 //!
 //! At 4 KiB and up to 512 KiB one tick's heat can pay back a move: nothing changes there and
-//! no history is kept. Nor for a region that hybrid tracking split to 4 KiB detail
-//! ([`PolicyInput::split`]): its promotion moves only its hot pages. The simulator backs that: on the suite's traces, ranking 4 KiB pages by
-//! sustained heat loses hit ratio (docs/policies.md).
+//! no history is kept. The simulator backs that: on the suite's traces, ranking 4 KiB pages by
+//! sustained heat loses hit ratio (docs/policies.md). Nor does anything change for a region
+//! that hybrid tracking split to 4 KiB detail ([`PolicyInput::split`]): its promotion moves
+//! only its hot pages.
 //!
 //! **Adaptive hot threshold.** As Memtis sizes its hot bin to the fast tier (SOSP'23), the hot
 //! threshold `T` is the lowest heat such that all granules at or above it fit the budget
