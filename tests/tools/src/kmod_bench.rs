@@ -415,15 +415,21 @@ pub fn run(c: &mut Checks, a: &KmodBenchArgs) {
         .filter(|r| r.path == "kmod-cpu" && r.ok())
         .map(|r| (r.gbps(len), r.workers, r.batch))
         .fold((0.0, 0, 0), |a, b| if b.0 > a.0 { b } else { a });
-    // What vmtierd asks for: the module's default threads and batch (workers 0, batch 4096).
+    // What vmtierd asks for: the module's default threads (workers 0) and batch, as the
+    // module reports it.
     let shipped = rows
         .iter()
-        .find(|r| r.path == "kmod-cpu" && r.workers == 0 && r.batch == 4096 && r.ok())
+        .find(|r| {
+            r.path == "kmod-cpu"
+                && r.workers == 0
+                && u64::from(r.batch) == caps.default_batch
+                && r.ok()
+        })
         .map_or(0.0, |r| r.gbps(len));
     let vs = |g: f64| if mp4k > 0.0 { g / mp4k } else { 0.0 };
     println!(
         "kmod-bench: cpu {cpu}: module 4K best {:.3} GB/s (workers {}, batch {}) = {:.2}x move_pages(2) \
-         4K {:.3} GB/s; as vmtierd runs it (default workers, batch 4096) {:.3} GB/s = {:.2}x; \
+         4K {:.3} GB/s; as vmtierd runs it (default workers, batch {}) {:.3} GB/s = {:.2}x; \
          memcpy {:.3} GB/s; 2M goes through move_pages(2): migrate_vma on \
          6.12 has no MIGRATE_VMA_SELECT_COMPOUND and splits THPs",
         best.0,
@@ -431,6 +437,7 @@ pub fn run(c: &mut Checks, a: &KmodBenchArgs) {
         best.2,
         vs(best.0),
         mp4k,
+        caps.default_batch,
         shipped,
         vs(shipped),
         memcpy

@@ -2975,7 +2975,7 @@ mod tests {
             "a single touch bought DRAM"
         );
     }
-    /// An engine on a 64 MiB VM with an 8 MiB hot set at 0 (strong signal), budget 16 MiB.
+
     /// The two ticks the default policy's payback rule observes a 2 MiB granule before its
     /// first promotion (policies::payback): nothing moves in them. Tests of other mechanisms
     /// (rate limits, deadlines, errors) start from the third.
@@ -2991,6 +2991,7 @@ mod tests {
         }
     }
 
+    /// An engine on a 64 MiB VM with an 8 MiB hot set at 0 (strong signal), budget 16 MiB.
     fn small_vm(w: &World) -> (Engine, VmId) {
         let len = 64 * MIB;
         let hot = Arc::new(Mutex::new((0, 8 * MIB)));
