@@ -269,8 +269,20 @@ pub fn run(c: &mut Checks, a: &ApiArgs) {
         ),
     );
 
-    // The tick ring shows the hot set where it is (tests/tools/src/heatmap.rs).
-    let hm = curl(&unix, "GET", "/v1/vms/guest/heatmap", None, None);
+    // The tick ring shows the hot set where it is (tests/tools/src/heatmap.rs), judged over
+    // ticks that all follow the placement: the payback rule places a 2 MiB hot set at its
+    // third tick, so the ring's first ticks show it still on the slow tier.
+    let ring_len = |body: &str| json(body)["ticks"].as_array().map_or(0, Vec::len);
+    let mut hm = curl(&unix, "GET", "/v1/vms/guest/heatmap", None, None);
+    let placed_at = ring_len(&hm.body);
+    let t = Instant::now();
+    while ring_len(&hm.body) < placed_at + crate::heatmap::JUDGED_TICKS
+        && t.elapsed() < Duration::from_secs(30)
+    {
+        std::thread::sleep(Duration::from_millis(500));
+        hm = curl(&unix, "GET", "/v1/vms/guest/heatmap", None, None);
+    }
+    last = dram(&pages, hot);
     c.check(
         hm.status == 200,
         "GET /v1/vms/guest/heatmap",

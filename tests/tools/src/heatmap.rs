@@ -13,6 +13,9 @@ use vmtier_api::proto::{Reply, Response};
 use crate::check::Checks;
 use crate::daemon::Daemon;
 
+/// Ticks of the ring that [`check`] judges: the last ones.
+pub const JUDGED_TICKS: usize = 5;
+
 /// Mean heat and DRAM share of the hot and the cold buckets over the last ticks.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct Judged {
@@ -87,7 +90,7 @@ pub fn check(
     tag: &str,
 ) {
     let h: Option<Heatmap> = serde_json::from_str(http).ok();
-    let j = h.as_ref().and_then(|h| judge(h, hot, 5));
+    let j = h.as_ref().and_then(|h| judge(h, hot, JUDGED_TICKS));
     c.check(
         j.is_some_and(|j| j.shows_hot_set() && outside >= 0.8),
         &format!("{tag}: the heatmap shows the hot set hotter and more in DRAM than the rest"),
