@@ -40,14 +40,10 @@ pub fn vmstat_all() -> BTreeMap<String, u64> {
         .collect()
 }
 
-/// `MemFree` of a node, bytes.
+/// `MemFree` of a node, bytes: the buddy allocator's free pages, which the kernel's
+/// watermarks (and so demotion and promotion) are judged against.
 pub fn node_free(node: u32) -> u64 {
-    read(&format!("/sys/devices/system/node/node{node}/meminfo"))
-        .lines()
-        .find(|l| l.contains("MemFree:"))
-        .and_then(|l| l.split_whitespace().nth(3)?.parse::<u64>().ok())
-        .unwrap_or(0)
-        << 10
+    crate::mem::NodeFree::of(node).buddy
 }
 
 /// A node's zone watermarks, summed over its zones, in bytes.
