@@ -13,6 +13,7 @@ pub const PAGE: u64 = 4096;
 const NUMAB: &str = "/proc/sys/kernel/numa_balancing";
 const DEMOTION: &str = "/sys/kernel/mm/numa/demotion_enabled";
 const THP: &str = "/sys/kernel/mm/transparent_hugepage/enabled";
+const PCP_FRACTION: &str = "/proc/sys/vm/percpu_pagelist_high_fraction";
 const CGROUP: &str = "/sys/fs/cgroup";
 /// The memory cgroup QEMU is started in, so DAMOS (paddr) can be limited to its memory.
 pub const CGROUP_NAME: &str = "vmtier-bench";
@@ -173,6 +174,7 @@ pub struct Knobs {
     numab: String,
     demotion: String,
     thp: String,
+    pcp_fraction: String,
 }
 
 impl Knobs {
@@ -181,17 +183,44 @@ impl Knobs {
             numab: read(NUMAB),
             demotion: read(DEMOTION),
             thp: thp_mode(),
+            pcp_fraction: read(PCP_FRACTION),
         }
     }
 
-    /// `numa_balancing` and `demotion_enabled` as found: `"1/true"`.
+    /// `numa_balancing`, `demotion_enabled` and `percpu_pagelist_high_fraction` as found:
+    /// `"1/true/0"`.
     pub fn found(&self) -> String {
-        format!("{}/{}", self.numab, self.demotion)
+        format!("{}/{}/{}", self.numab, self.demotion, self.pcp_fraction)
     }
 
-    /// The same two knobs now.
+    /// The same three knobs now.
     pub fn now() -> String {
-        format!("{}/{}", read(NUMAB), read(DEMOTION))
+        format!("{}/{}/{}", read(NUMAB), read(DEMOTION), read(PCP_FRACTION))
+    }
+
+    /// The fraction [`Knobs::pin_pcp_lists`] sets: each CPU's list at its floor (4 batches,
+    /// about 1 MiB per zone and CPU on the testbed's 1 GiB nodes).
+    pub const PCP_FRACTION: u32 = 4096;
+
+    /// Keeps the per-CPU free page lists small and fixed for the whole bench, and waits (at
+    /// most 5 s) until node 0's have drained to that size. By default (fraction 0) the
+    /// kernel auto-tunes each CPU's list up to an eighth of the zone: tens of MiB on node 0
+    /// here. Those pages are free, but neither `MemFree`, which the balloon is sized by, nor
+    /// the watermark checks that gate NUMA balancing's promotions count them, while
+    /// promotions allocate from them first: a kernel manager could use that much DRAM past
+    /// the budget, a different amount in every run. Returns node 0's per-CPU pages, bytes.
+    pub fn pin_pcp_lists() -> Result<u64, String> {
+        write(PCP_FRACTION, &Self::PCP_FRACTION.to_string())?;
+        let floor = 8 << 20;
+        let mut pcp = crate::mem::NodeFree::of(0).pcp;
+        for _ in 0..25 {
+            if pcp <= floor {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(200));
+            pcp = crate::mem::NodeFree::of(0).pcp;
+        }
+        Ok(pcp)
     }
 
     /// Sets `numa_balancing` and `demotion_enabled`.
@@ -209,6 +238,9 @@ impl Knobs {
 impl Drop for Knobs {
     fn drop(&mut self) {
         let _ = Self::set_kernel_tiering(&self.numab, &self.demotion);
+        if !self.pcp_fraction.is_empty() {
+            let _ = write(PCP_FRACTION, &self.pcp_fraction);
+        }
         if !self.thp.is_empty() {
             let _ = Self::set_thp(&self.thp);
         }

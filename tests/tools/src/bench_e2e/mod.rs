@@ -12,6 +12,8 @@
 //! budget + its `high` watermarks free. NUMA balancing promotes only while node 0 stays above
 //! `high`, so it can reach the budget, like vmtierd; DAMOS's migrate_hot allocates down to
 //! `min`, a little more. Each row reports the DRAM its manager could reach and the most it used.
+//! The per-CPU free page lists, which neither `MemFree` nor those watermark checks count, are
+//! held small and fixed for the whole bench (`percpu_pagelist_high_fraction`).
 
 mod host;
 mod managers;
@@ -519,24 +521,29 @@ fn run_one(
     let balloon = Balloon::inflate_to(budget.0 + wm.high)
         .map_err(|e| format!("Inflate the node-0 balloon: {e}"))?;
     let off = balloon.free_after.abs_diff(balloon.target_free);
+    // Free too, outside MemFree, and taken first by the kernel managers' allocations: small
+    // and fixed since `Knobs::pin_pcp_lists`.
+    let pcp = crate::mem::NodeFree::of(0).pcp;
     c.check(
         off <= 8 << 20,
         &format!("{label}: the balloon leaves node 0 budget + high watermark free"),
         format!(
-            "{} mlocked; node 0 free {} -> {} (target {} = budget {budget} + high {}; off by {})",
+            "{} mlocked; node 0 free {} -> {} (target {} = budget {budget} + high {}; off by {}), \
+             per-CPU lists {}",
             ByteSize(balloon.bytes),
             ByteSize(balloon.free_before),
             ByteSize(balloon.free_after),
             ByteSize(balloon.target_free),
             ByteSize(wm.high),
-            ByteSize(off)
+            ByteSize(off),
+            ByteSize(pcp)
         ),
     );
     let reach = match m.name() {
         "vmtierd" => budget.0,
-        "numa-balancing" => balloon.free_after.saturating_sub(wm.high),
+        "numa-balancing" => balloon.free_after.saturating_sub(wm.high) + pcp,
         // 6.12's migrate_hot allocations may go down to min (and then fall back to node 1).
-        _ => balloon.free_after.saturating_sub(wm.min),
+        _ => balloon.free_after.saturating_sub(wm.min) + pcp,
     };
 
     let env = Env {
@@ -758,17 +765,24 @@ pub fn run(c: &mut Checks, a: &BenchE2eArgs) {
         Err(e) => return c.fatal("arguments", e),
     };
     let knobs = Knobs::save();
+    let pcp = match Knobs::pin_pcp_lists() {
+        Ok(b) => b,
+        Err(e) => return c.fatal("pin the per-CPU page lists", e),
+    };
     let cx = Ctx {
         a,
         emulated,
         node_ranges: host::node_phys_range(0).zip(host::node_phys_range(1)),
     };
     println!(
-        "bench-e2e: shapes {}, pages {}, managers {}; numa_balancing/demotion found {}, THP {}; times are {}",
+        "bench-e2e: shapes {}, pages {}, managers {}; numa_balancing/demotion/percpu_pagelist_high_fraction found {}, \
+         the last set to {} (node 0's per-CPU lists now {}), THP {}; times are {}",
         a.shapes,
         a.pages,
         a.managers,
         knobs.found(),
+        Knobs::PCP_FRACTION,
+        ByteSize(pcp),
         host::thp_mode(),
         crate::check::clock()
     );
@@ -792,7 +806,7 @@ pub fn run(c: &mut Checks, a: &BenchE2eArgs) {
     let now = Knobs::now();
     c.check(
         now == want,
-        "numa_balancing and demotion_enabled restored",
+        "numa_balancing, demotion_enabled and percpu_pagelist_high_fraction restored",
         &now,
     );
     c.check(
