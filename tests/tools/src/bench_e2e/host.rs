@@ -13,7 +13,7 @@ pub const PAGE: u64 = 4096;
 const NUMAB: &str = "/proc/sys/kernel/numa_balancing";
 const DEMOTION: &str = "/sys/kernel/mm/numa/demotion_enabled";
 const THP: &str = "/sys/kernel/mm/transparent_hugepage/enabled";
-const PCP_FRACTION: &str = "/proc/sys/vm/percpu_pagelist_high_fraction";
+const PCP_FRACTION_SYSCTL: &str = "/proc/sys/vm/percpu_pagelist_high_fraction";
 const CGROUP: &str = "/sys/fs/cgroup";
 /// The memory cgroup QEMU is started in, so DAMOS (paddr) can be limited to its memory.
 pub const CGROUP_NAME: &str = "vmtier-bench";
@@ -183,7 +183,7 @@ impl Knobs {
             numab: read(NUMAB),
             demotion: read(DEMOTION),
             thp: thp_mode(),
-            pcp_fraction: read(PCP_FRACTION),
+            pcp_fraction: read(PCP_FRACTION_SYSCTL),
         }
     }
 
@@ -195,7 +195,12 @@ impl Knobs {
 
     /// The same three knobs now.
     pub fn now() -> String {
-        format!("{}/{}/{}", read(NUMAB), read(DEMOTION), read(PCP_FRACTION))
+        format!(
+            "{}/{}/{}",
+            read(NUMAB),
+            read(DEMOTION),
+            read(PCP_FRACTION_SYSCTL)
+        )
     }
 
     /// The fraction [`Knobs::pin_pcp_lists`] sets: each CPU's list at its floor (4 batches,
@@ -210,7 +215,7 @@ impl Knobs {
     /// promotions allocate from them first: a kernel manager could use that much DRAM past
     /// the budget, a different amount in every run. Returns node 0's per-CPU pages, bytes.
     pub fn pin_pcp_lists() -> Result<u64, String> {
-        write(PCP_FRACTION, &Self::PCP_FRACTION.to_string())?;
+        write(PCP_FRACTION_SYSCTL, &Self::PCP_FRACTION.to_string())?;
         let floor = 8 << 20;
         let mut pcp = crate::mem::NodeFree::of(0).pcp;
         for _ in 0..25 {
@@ -239,7 +244,7 @@ impl Drop for Knobs {
     fn drop(&mut self) {
         let _ = Self::set_kernel_tiering(&self.numab, &self.demotion);
         if !self.pcp_fraction.is_empty() {
-            let _ = write(PCP_FRACTION, &self.pcp_fraction);
+            let _ = write(PCP_FRACTION_SYSCTL, &self.pcp_fraction);
         }
         if !self.thp.is_empty() {
             let _ = Self::set_thp(&self.thp);
