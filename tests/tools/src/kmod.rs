@@ -482,7 +482,7 @@ fn final_checks(c: &mut Checks, base_iso: u64, base_free: [NodeFree; 2]) {
     for n in [0u32, 1] {
         let now = NodeFree::of(n);
         let base = base_free[n as usize];
-        // Free pages on the per-CPU lists count as free: MemFree alone swung by 4-56 MiB
+        // Free pages on the per-CPU lists count as free: MemFree alone swung by up to 56 MiB
         // on node 1 between runs (their auto-tuned size), which is what this check once
         // failed on. What is left is slab and page-table noise, a few MiB; the test moves
         // 16 and 64 MiB at a time, so a leaked call's destination pages would show.
