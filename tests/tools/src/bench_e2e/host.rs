@@ -47,6 +47,48 @@ pub fn node_free(node: u32) -> u64 {
     crate::mem::NodeFree::of(node).buddy
 }
 
+/// The fields of a node's meminfo that say where its used memory is, besides what a manager
+/// moved there: a manager that pushes the node below its watermarks (DAMOS allocates down to
+/// `min`) wakes kswapd, which reclaims file pages there, so it can hold more than the free
+/// memory it was given.
+pub const NODE_MEMINFO: [&str; 7] = [
+    "FilePages",
+    "Active(file)",
+    "Inactive(file)",
+    "AnonPages",
+    "Shmem",
+    "Mlocked",
+    "SReclaimable",
+];
+
+/// Writes dirty pages back and drops the clean page cache (`vm.drop_caches = 1`), so every
+/// window starts with only the file pages its processes fault back in on node 0.
+pub fn drop_page_cache() -> Result<(), String> {
+    // SAFETY: sync has no preconditions.
+    unsafe { libc::sync() };
+    write("/proc/sys/vm/drop_caches", "1")
+}
+
+/// [`NODE_MEMINFO`] of node `node`, bytes (a field the kernel does not give is left out).
+pub fn node_meminfo(node: u32) -> BTreeMap<String, u64> {
+    let text = fs::read_to_string(format!("/sys/devices/system/node/node{node}/meminfo"))
+        .unwrap_or_default();
+    parse_node_meminfo(&text)
+}
+
+fn parse_node_meminfo(text: &str) -> BTreeMap<String, u64> {
+    text.lines()
+        .filter_map(|l| {
+            // "Node 0 FilePages:     123456 kB"
+            let (key, val) = l.split_once(':')?;
+            let key = key.split_whitespace().nth(2)?;
+            NODE_MEMINFO.contains(&key).then_some(())?;
+            let kb: u64 = val.trim().strip_suffix("kB")?.trim().parse().ok()?;
+            Some((key.to_owned(), kb << 10))
+        })
+        .collect()
+}
+
 /// A node's zone watermarks, summed over its zones, in bytes.
 #[derive(Clone, Copy, Debug, Default)]
 pub struct Watermarks {
@@ -297,6 +339,33 @@ pub fn cpu_seconds(pid: u32) -> Option<f64> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn node_meminfo_keeps_the_listed_fields_in_bytes() {
+        let text = "Node 0 MemTotal:        9136344 kB\n\
+                    Node 0 MemFree:         6892212 kB\n\
+                    Node 0 Active(file):     686240 kB\n\
+                    Node 0 Inactive(file):   479204 kB\n\
+                    Node 0 Mlocked:           10516 kB\n\
+                    Node 0 FilePages:       1174232 kB\n\
+                    Node 0 AnonPages:        112384 kB\n\
+                    Node 0 Shmem:            garbage kB\n\
+                    Node 0 HugePages_Total:     0\n";
+        let m = parse_node_meminfo(text);
+        // (field, bytes; None: not kept)
+        for (k, want) in [
+            ("FilePages", Some(1_174_232u64 << 10)),
+            ("Active(file)", Some(686_240 << 10)),
+            ("Inactive(file)", Some(479_204 << 10)),
+            ("AnonPages", Some(112_384 << 10)),
+            ("Mlocked", Some(10_516 << 10)),
+            ("Shmem", None),
+            ("MemFree", None),
+            ("HugePages_Total", None),
+        ] {
+            assert_eq!(m.get(k).copied(), want, "{k}");
+        }
+    }
 
     #[test]
     fn cpu_seconds_of_self_grows_while_spinning() {

@@ -11,7 +11,10 @@
 //! balloon bound to node 0 (unevictable, so demotion cannot move it) leaves node 0 with
 //! budget + its `high` watermarks free. NUMA balancing promotes only while node 0 stays above
 //! `high`, so it can reach the budget, like vmtierd; DAMOS's migrate_hot allocates down to
-//! `min`, a little more. Each row reports the DRAM its manager could reach and the most it used.
+//! `min`, a little more. Both wake kswapd when node 0 runs low, and kswapd reclaims node 0's
+//! file pages for them: the page cache is dropped before each window, and the file pages the
+//! running processes fault back in count in the kernel managers' reach. Each row reports the
+//! DRAM its manager could reach and the most it used.
 //! The per-CPU free page lists, which neither `MemFree` nor those watermark checks count, are
 //! held small and fixed for the whole bench (`percpu_pagelist_high_fraction`).
 
@@ -35,7 +38,7 @@ use host::{Balloon, Knobs};
 use managers::{Env, Manager};
 
 /// /proc/vmstat counters reported per run (deltas over the window).
-const COUNTERS: [&str; 10] = [
+const COUNTERS: [&str; 13] = [
     "pgmigrate_success",
     "pgmigrate_fail",
     "pgpromote_success",
@@ -46,6 +49,9 @@ const COUNTERS: [&str; 10] = [
     "numa_pages_migrated",
     "thp_migration_success",
     "thp_split_page",
+    "pgsteal_kswapd",
+    "pgsteal_direct",
+    "workingset_refault_file",
 ];
 
 #[derive(clap::Args, Debug)]
@@ -516,7 +522,10 @@ fn run_one(
     let mut p = start_guest(c, cx, &label, shape, pages)?;
     let total = p.layout.total_bytes();
 
-    // The physical budget: node 0 keeps budget + its high watermarks free.
+    // The physical budget: node 0 keeps budget + its high watermarks free. The page cache is
+    // dropped first: a manager that pushes node 0 below its watermarks wakes kswapd, which
+    // reclaims node 0's file pages, so they are DRAM within its reach (below).
+    host::drop_page_cache()?;
     let wm = host::watermarks(0);
     let balloon = Balloon::inflate_to(budget.0 + wm.high)
         .map_err(|e| format!("Inflate the node-0 balloon: {e}"))?;
@@ -524,26 +533,32 @@ fn run_one(
     // Free too, outside MemFree, and taken first by the kernel managers' allocations: small
     // and fixed since `Knobs::pin_pcp_lists`.
     let pcp = crate::mem::NodeFree::of(0).pcp;
+    let file = host::node_meminfo(0).get("FilePages").copied().unwrap_or(0);
     c.check(
         off <= 8 << 20,
         &format!("{label}: the balloon leaves node 0 budget + high watermark free"),
         format!(
             "{} mlocked; node 0 free {} -> {} (target {} = budget {budget} + high {}; off by {}), \
-             per-CPU lists {}",
+             per-CPU lists {}, file pages {}",
             ByteSize(balloon.bytes),
             ByteSize(balloon.free_before),
             ByteSize(balloon.free_after),
             ByteSize(balloon.target_free),
             ByteSize(wm.high),
             ByteSize(off),
-            ByteSize(pcp)
+            ByteSize(pcp),
+            ByteSize(file)
         ),
     );
+    // The kernel managers wake kswapd when node 0 runs low (NUMA balancing's tiering mode when
+    // a promotion finds it at `high`, to balance it up to `promo`; DAMOS's GFP_NOWAIT
+    // allocations below `low`), and kswapd reclaims node 0's file pages: those are within
+    // their reach too.
     let reach = match m.name() {
         "vmtierd" => budget.0,
-        "numa-balancing" => balloon.free_after.saturating_sub(wm.high) + pcp,
+        "numa-balancing" => balloon.free_after.saturating_sub(wm.high) + pcp + file,
         // 6.12's migrate_hot allocations may go down to min (and then fall back to node 1).
-        _ => balloon.free_after.saturating_sub(wm.min) + pcp,
+        _ => balloon.free_after.saturating_sub(wm.min) + pcp + file,
     };
 
     let env = Env {
@@ -564,6 +579,7 @@ fn run_one(
     tracker.sample(&[])?;
 
     let before = host::vmstat_all();
+    let node0_before = host::node_meminfo(0);
     let kd_before = kdamond_cpu();
     let t_start = Instant::now();
     m.start(&env)?;
@@ -578,6 +594,7 @@ fn run_one(
     let ticks = m.ticks().map(|t| t.saturating_sub(ticks0));
     let kd_after = kdamond_cpu();
     let after = host::vmstat_all();
+    let node0_after = host::node_meminfo(0);
     let stopped = m.stop();
     let _ = Knobs::set_kernel_tiering("0", "false");
     drop(balloon);
@@ -617,6 +634,20 @@ fn run_one(
             .unwrap_or(0)
             .saturating_sub(before.get(k).copied().unwrap_or(0))
     };
+    // Where DRAM beyond the reach can come from: file pages kswapd reclaimed on node 0.
+    let field = |m: &BTreeMap<String, u64>, k: &str| mib(m.get(k).copied().unwrap_or(0));
+    println!(
+        "{label}: node 0 besides free memory, window start → end: file pages {:.1} → {:.1} \
+         MiB, anon {:.1} → {:.1} MiB, shmem {:.1} → {:.1} MiB; reclaimed (all nodes) by kswapd {} pages, directly {}",
+        field(&node0_before, "FilePages"),
+        field(&node0_after, "FilePages"),
+        field(&node0_before, "AnonPages"),
+        field(&node0_after, "AnonPages"),
+        field(&node0_before, "Shmem"),
+        field(&node0_after, "Shmem"),
+        delta("pgsteal_kswapd"),
+        delta("pgsteal_direct")
+    );
     let vmstat: Map<String, Value> = COUNTERS
         .iter()
         .map(|k| ((*k).to_owned(), json!(delta(k))))
@@ -699,6 +730,8 @@ fn run_one(
         "dram_bytes": w.dram,
         "hot_fraction_in_dram": w.hot_frac,
         "node0_free_bytes": w.node0_free,
+        "node0_meminfo_bytes_start": node0_before,
+        "node0_meminfo_bytes_end": node0_after,
         "detail": detail,
     }))
 }
