@@ -616,6 +616,14 @@ pub fn run_logged(
         usize::try_from(cfg.zoom_bytes / (u64::from(crate::zoom::CHUNK_PAGES) * page_bytes))
             .unwrap_or(usize::MAX);
     let mut zoom_chunks: Vec<u32> = Vec::new();
+    let mut zoom_last = vec![
+        0u64;
+        if zoom.is_some() {
+            trace.pages.div_ceil(crate::zoom::CHUNK_PAGES) as usize
+        } else {
+            0
+        }
+    ];
     let mut zoom_ranges: Vec<(u32, u32)> = Vec::new();
     let mut zoom_windows: Vec<Reported> = Vec::new();
     let mut heats: Vec<u8> = Vec::new();
@@ -681,8 +689,17 @@ pub fn run_logged(
                 heats.clear();
                 heats.extend(store.records().iter().map(|r| r.heat()));
                 let hot_min = vmtier_core::hybrid::hot_min(damon_max_gain);
-                zoom_chunks =
-                    crate::zoom::select(&heats, hot_min, zoom_cap, &zoom_chunks, cfg.zoom_sticky);
+                zoom_chunks = crate::zoom::select(
+                    &heats,
+                    hot_min,
+                    zoom_cap,
+                    &zoom_chunks,
+                    cfg.zoom_sticky,
+                    &zoom_last,
+                );
+                for &c in &zoom_chunks {
+                    zoom_last[c as usize] = tick + 1;
+                }
                 zoom_ranges = crate::zoom::ranges(&zoom_chunks, trace.pages);
                 z.set_ranges(&zoom_ranges);
             }

@@ -12,8 +12,11 @@
 //!   really is. A partial page is one whose heat may be blur;
 //! - a chunk is *mixed* when it has a partial page, or when it has pages on both sides of
 //!   `hot_min` (the heat where a 4 KiB move pays back): the policy wants part of it;
-//! - the mixed chunks are ranked by their partial pages (most first; ties: lower address),
-//!   and taken up to the cap. With `sticky`, chunks watched in the previous tick that are
+//! - the mixed chunks are ranked by their partial pages (most first; ties: the one watched
+//!   longest ago first, then lower address), and taken up to the cap. Ties are the rule where
+//!   the first context's regions span several chunks (a large guest: 1000 regions over
+//!   64 GiB are 64 MiB each), and every chunk under one region reads the same: the zoom then
+//!   sweeps them in turn instead of watching the lowest addresses for ever. With `sticky`, chunks watched in the previous tick that are
 //!   still mixed come first (a chunk whose pages the zoom has already told apart reads
 //!   0 and hot, no longer partial, and would otherwise leave and be blurred again).
 //!
@@ -62,24 +65,39 @@ impl ChunkHeat {
 
 /// The chunks (indices, ascending) the zoom context watches next: see the module docs.
 /// `heats` holds one heat per 4 KiB page; `cap` is the most chunks; `prev` the chunks watched
-/// so far (ascending).
-pub fn select(heats: &[u8], hot_min: u8, cap: usize, prev: &[u32], sticky: bool) -> Vec<u32> {
+/// so far (ascending); `last[chunk]` when each was last watched (larger is later; missing or
+/// 0: never).
+pub fn select(
+    heats: &[u8],
+    hot_min: u8,
+    cap: usize,
+    prev: &[u32],
+    sticky: bool,
+    last: &[u64],
+) -> Vec<u32> {
     if cap == 0 {
         return Vec::new();
     }
-    let mut cand: Vec<(bool, u32, u32)> = heats
+    let mut cand: Vec<(bool, u32, u64, u32)> = heats
         .chunks(CHUNK_PAGES as usize)
         .enumerate()
         .filter_map(|(i, pages)| {
             let c = ChunkHeat::of(pages.iter().copied(), hot_min);
             let i = i as u32;
             let keep = sticky && prev.binary_search(&i).is_ok();
-            c.mixed().then_some((keep, c.partial, i))
+            let seen = last.get(i as usize).copied().unwrap_or(0);
+            c.mixed().then_some((keep, c.partial, seen, i))
         })
         .collect();
-    // Kept chunks first, then by partial pages, most first, then by address.
-    cand.sort_unstable_by(|a, b| b.0.cmp(&a.0).then(b.1.cmp(&a.1)).then(a.2.cmp(&b.2)));
-    let mut out: Vec<u32> = cand.iter().take(cap).map(|c| c.2).collect();
+    // Kept chunks first, then by partial pages, most first, then watched longest ago, then
+    // by address.
+    cand.sort_unstable_by(|a, b| {
+        b.0.cmp(&a.0)
+            .then(b.1.cmp(&a.1))
+            .then(a.2.cmp(&b.2))
+            .then(a.3.cmp(&b.3))
+    });
+    let mut out: Vec<u32> = cand.iter().take(cap).map(|c| c.3).collect();
     out.sort_unstable();
     out
 }
@@ -196,7 +214,20 @@ mod tests {
             ("not sticky: ranked afresh", 2, vec![3], false, vec![1, 5]),
         ];
         for (name, cap, prev, sticky, want) in cases {
-            assert_eq!(select(&h, 4, cap, &prev, sticky), want, "{name}");
+            assert_eq!(select(&h, 4, cap, &prev, sticky, &[]), want, "{name}");
+        }
+        // Four chunks that read the same (one coarse region over them): the ones watched
+        // longest ago go first, so the zoom sweeps them.
+        let same = vec![9u8; 4 * CHUNK_PAGES as usize];
+        // (last watched per chunk, chosen with a cap of 2)
+        let sweep: Vec<(Vec<u64>, Vec<u32>)> = vec![
+            (vec![], vec![0, 1]),
+            (vec![1, 1, 0, 0], vec![2, 3]),
+            (vec![1, 1, 2, 2], vec![0, 1]),
+            (vec![3, 1, 2, 4], vec![1, 2]),
+        ];
+        for (last, want) in sweep {
+            assert_eq!(select(&same, 4, 2, &[], false, &last), want, "{last:?}");
         }
     }
 
