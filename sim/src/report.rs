@@ -142,6 +142,10 @@ pub const ZOOM: [(&str, u64); 3] = [
     ("zoom16m-simonly", 16 << 20),
 ];
 
+/// The `vmtierd-hybrid` row (2 MiB regions with 4 KiB detail, vmtierd's default granule) with
+/// an 8 MiB zoom context, simulator only: name, bytes, `detail_percent`.
+pub const ZOOM_HYBRID: (&str, u64, u8) = ("hyb-zoom8m-simonly", 8 << 20, HYBRID_DETAIL_PERCENT);
+
 /// Runs every policy and the oracle on one trace.
 pub fn run_trace(
     name: &str,
@@ -176,10 +180,16 @@ pub fn run_trace(
         label.clone_into(&mut r.policy);
         runs.push(r);
     }
-    for (label, bytes) in ZOOM {
+    for (label, bytes, detail) in ZOOM.iter().map(|&(l, b)| (l, b, 0)).chain([ZOOM_HYBRID]) {
         let c = Config {
             source: Some(sim::SourceName::Damon),
             zoom_bytes: bytes,
+            granule_pages_log2: if detail > 0 {
+                9
+            } else {
+                cfg.granule_pages_log2
+            },
+            detail_percent: detail,
             ..cfg.clone()
         };
         let mut p = Planner::by_name("default", &c).map_err(sim_err(label))?;
@@ -218,6 +228,7 @@ pub fn run_trace(
             || SHIPPED.iter().any(|s| s.0 == p)
             || GRANULARITY.iter().any(|s| s.0 == p)
             || ZOOM.iter().any(|s| s.0 == p)
+            || ZOOM_HYBRID.0 == p
     };
     let best = rows
         .iter()
@@ -534,6 +545,7 @@ mod tests {
                 + SHIPPED.len()
                 + GRANULARITY.len()
                 + ZOOM.len()
+                + 1
         );
         assert_eq!(rep.results[0].policy, "oracle");
         assert_eq!(
@@ -546,6 +558,7 @@ mod tests {
         assert_eq!(rep.results[2].source, "soft-dirty");
         assert!((rep.results[0].oracle_ratio - 1.0).abs() < 1e-9);
         // vmtierd-2m's budget counts whole regions touched: more bytes than the oracle's.
+        assert!(rep.results.iter().any(|r| r.policy == ZOOM_HYBRID.0));
         assert!(rep
             .results
             .iter()

@@ -182,7 +182,8 @@ pub struct Config {
     /// Experiment, simulator only ("zoom", [`crate::zoom`]): a second DAMON context over
     /// at most this many bytes of 2 MiB chunks whose heat is mixed, re-chosen every
     /// `zoom_every` ticks; its reports replace the first context's over those chunks. 0 = off
-    /// (vmtierd as shipped). Needs the `damon` source and 4 KiB granules.
+    /// (vmtierd as shipped). Needs the `damon` source and 4 KiB granules, or hybrid tracking
+    /// (`detail_percent`), where its finer reports split the regions they find mixed.
     pub zoom_bytes: u64,
     /// `min_nr_regions` of the zoom context.
     pub zoom_min_regions: u32,
@@ -247,13 +248,13 @@ impl Config {
             ));
         }
         if self.zoom_bytes > 0
-            && (self.granule_pages_log2 != 0
+            && ((self.granule_pages_log2 != 0 && self.detail_percent == 0)
                 || self.zoom_min_regions == 0
                 || self.zoom_max_regions < self.zoom_min_regions
                 || self.zoom_every == 0)
         {
             return Err(Error::Config(
-                "zoom needs granule_pages_log2 = 0, 0 < zoom_min_regions ≤ zoom_max_regions, zoom_every ≥ 1",
+                "zoom needs 4 KiB granules or hybrid tracking, 0 < zoom_min_regions ≤ zoom_max_regions, zoom_every ≥ 1",
             ));
         }
         if !(1..=16).contains(&self.abit_scans_per_tick) {
@@ -687,7 +688,18 @@ pub fn run_logged(
                 // What the store found at the end of the last tick picks the zoom's chunks;
                 // DAMON sysfs commits them between two aggregation windows.
                 heats.clear();
-                heats.extend(store.records().iter().map(|r| r.heat()));
+                if hybrid {
+                    // A split region's pages, else its own heat for each of its pages.
+                    for (g, r) in store.records().iter().enumerate() {
+                        match store.detail(Granule(g as u32)) {
+                            Some(d) => heats.extend(d.iter().map(|p| p.heat())),
+                            None => heats.extend(std::iter::repeat(r.heat()).take(512)),
+                        }
+                    }
+                    heats.truncate(trace.pages as usize);
+                } else {
+                    heats.extend(store.records().iter().map(|r| r.heat()));
+                }
                 let hot_min = vmtier_core::hybrid::hot_min(damon_max_gain);
                 zoom_chunks = crate::zoom::select(
                     &heats,

@@ -412,7 +412,8 @@ fn cmd_report(args: &[String]) -> Result<(), Error> {
         reports.len()
     );
     // vmtierd's DAMON rows side by side, the sim-only zoom experiment among them.
-    for name in std::iter::once("vmtierd").chain(report::ZOOM.iter().map(|z| z.0)) {
+    let names = ["vmtierd", "vmtierd-hybrid", report::ZOOM_HYBRID.0];
+    for name in names.into_iter().chain(report::ZOOM.iter().map(|z| z.0)) {
         let rows: Vec<&report::Row> = reports
             .iter()
             .filter_map(|r| r.results.iter().find(|x| x.policy == name))
