@@ -128,6 +128,58 @@ impl DamonModel {
         &self.regions
     }
 
+    /// Replaces the monitored ranges (page ranges, sorted, non-overlapping) of a running
+    /// context, as a DAMON sysfs `commit` does (`damon_set_regions`, applied at the end of an
+    /// aggregation window): regions that intersect none of the new ranges are dropped; the
+    /// regions that intersect a range are kept with their counts and age, the first and last
+    /// trimmed or extended to the range's ends and the holes between them filled with new
+    /// regions; a range no region intersects becomes one new region. The size limit
+    /// (total / `min_nr_regions`) follows the new total, as the kernel recomputes it.
+    pub fn set_ranges(&mut self, ranges: &[(u32, u32)]) {
+        let fresh = |start, end| Region {
+            start,
+            end,
+            nr_accesses: 0,
+            last_nr_accesses: 0,
+            age: 0,
+            sampling_page: start,
+        };
+        let mut out: Vec<Region> = Vec::with_capacity(self.regions.len() + ranges.len());
+        for &(rs, re) in ranges.iter().filter(|(s, e)| s < e) {
+            let first = out.len();
+            for r in self.regions.iter().filter(|r| r.start < re && rs < r.end) {
+                let mut c = *r;
+                c.start = c.start.max(rs);
+                c.end = c.end.min(re);
+                if let Some(p) = out.last().filter(|_| out.len() > first) {
+                    if p.end < c.start {
+                        out.push(fresh(p.end, c.start));
+                    }
+                }
+                out.push(c);
+            }
+            if out.len() == first {
+                out.push(fresh(rs, re));
+            } else {
+                out[first].start = rs;
+                if let Some(l) = out.last_mut() {
+                    l.end = re;
+                }
+            }
+        }
+        self.regions = out;
+        let total: u64 = self.regions.iter().map(|r| u64::from(r.len())).sum();
+        self.sz_limit = u32::try_from(total / u64::from(self.attrs.min_nr_regions.max(1)))
+            .unwrap_or(u32::MAX)
+            .max(1);
+        self.prepare();
+    }
+
+    /// Pages monitored.
+    pub fn total_pages(&self) -> u64 {
+        self.regions.iter().map(|r| u64::from(r.len())).sum()
+    }
+
     /// Picks this sample's address in every region (and, in the kernel, clears its
     /// accessed bit).
     fn prepare(&mut self) {
@@ -325,6 +377,59 @@ mod tests {
             if log2 == 0 {
                 assert!(nr <= 5, "unit 4 KiB: {nr}");
             }
+        }
+    }
+
+    #[test]
+    fn set_ranges_keeps_what_stays_and_fills_holes() {
+        let r = |start, end, nr_accesses| Region {
+            start,
+            end,
+            nr_accesses,
+            last_nr_accesses: 0,
+            age: 0,
+            sampling_page: start,
+        };
+        // (case, regions before, new ranges, (start, end, nr_accesses) after)
+        let cases: Vec<(&str, Vec<Region>, Vec<(u32, u32)>, Vec<(u32, u32, u32)>)> = vec![
+            (
+                "empty to one range",
+                vec![],
+                vec![(0, 512)],
+                vec![(0, 512, 0)],
+            ),
+            (
+                "a dropped range's regions go, a new range is one region",
+                vec![r(0, 100, 5), r(100, 512, 1), r(512, 1024, 9)],
+                vec![(512, 1024), (2048, 2560)],
+                vec![(512, 1024, 9), (2048, 2560, 0)],
+            ),
+            (
+                "kept regions are trimmed to the range",
+                vec![r(0, 300, 5), r(300, 800, 2)],
+                vec![(0, 512)],
+                vec![(0, 300, 5), (300, 512, 2)],
+            ),
+            (
+                "first and last extended to the range's ends, holes filled",
+                vec![r(10, 20, 5), r(30, 40, 3)],
+                vec![(0, 512)],
+                vec![(0, 20, 5), (20, 30, 0), (30, 512, 3)],
+            ),
+            ("nothing", vec![r(0, 512, 1)], vec![], vec![]),
+        ];
+        for (name, before, ranges, want) in cases {
+            let mut m = DamonModel::new(&[], Attrs::default(), 0, 1);
+            m.regions = before;
+            m.set_ranges(&ranges);
+            let got: Vec<_> = m
+                .regions()
+                .iter()
+                .map(|x| (x.start, x.end, x.nr_accesses))
+                .collect();
+            assert_eq!(got, want, "{name}");
+            let total: u64 = ranges.iter().map(|&(s, e)| u64::from(e - s)).sum();
+            assert_eq!(m.total_pages(), total, "{name}");
         }
     }
 }

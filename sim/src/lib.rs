@@ -22,3 +22,4 @@ pub mod rng;
 pub mod scale;
 pub mod sim;
 pub mod trace;
+pub mod zoom;

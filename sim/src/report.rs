@@ -55,6 +55,12 @@ pub struct Row {
     pub plan_ms_per_interval: f64,
     /// Engine-dropped plan entries.
     pub plan_violations: u64,
+    /// DAMON's first context: mean regions checked per 5 ms sample.
+    pub damon_regions_per_sample: f64,
+    /// The zoom context (sim-only rows [`ZOOM`]): mean regions checked per sample.
+    pub zoom_regions_per_sample: f64,
+    /// The zoom context: mean bytes watched.
+    pub zoom_bytes_mean: f64,
 }
 
 /// How vmtierd as shipped compares on one trace and budget.
@@ -126,6 +132,20 @@ pub const GRANULARITY: [(&str, u8, u8); 2] = [
 /// a 20 % cap), so the row measures the granularity, not the cap.
 pub const HYBRID_DETAIL_PERCENT: u8 = 100;
 
+/// Experiment rows, **simulator only** (vmtierd has no zoom context): the `vmtierd` row plus
+/// a second DAMON context over at most this many bytes of mixed 2 MiB chunks
+/// ([`crate::zoom`], `Config::zoom_bytes`; the rest of the zoom settings from the config).
+/// Name and bytes. They are not "vmtierd as shipped" and never count for its targets.
+pub const ZOOM: [(&str, u64); 3] = [
+    ("zoom4m-simonly", 4 << 20),
+    ("zoom8m-simonly", 8 << 20),
+    ("zoom16m-simonly", 16 << 20),
+];
+
+/// The `vmtierd-hybrid` row (2 MiB regions with 4 KiB detail, vmtierd's default granule) with
+/// an 8 MiB zoom context, simulator only: name, bytes, `detail_percent`.
+pub const ZOOM_HYBRID: (&str, u64, u8) = ("hyb-zoom8m-simonly", 8 << 20, HYBRID_DETAIL_PERCENT);
+
 /// Runs every policy and the oracle on one trace.
 pub fn run_trace(
     name: &str,
@@ -160,6 +180,23 @@ pub fn run_trace(
         label.clone_into(&mut r.policy);
         runs.push(r);
     }
+    for (label, bytes, detail) in ZOOM.iter().map(|&(l, b)| (l, b, 0)).chain([ZOOM_HYBRID]) {
+        let c = Config {
+            source: Some(sim::SourceName::Damon),
+            zoom_bytes: bytes,
+            granule_pages_log2: if detail > 0 {
+                9
+            } else {
+                cfg.granule_pages_log2
+            },
+            detail_percent: detail,
+            ..cfg.clone()
+        };
+        let mut p = Planner::by_name("default", &c).map_err(sim_err(label))?;
+        let mut r = sim::run(t, &mut p, &c).map_err(sim_err(label))?;
+        label.clone_into(&mut r.policy);
+        runs.push(r);
+    }
     for e in vmtier_policies::registry::REGISTRY {
         let mut p = Planner::by_name(e.name, cfg).map_err(sim_err(e.name))?;
         runs.push(sim::run(t, &mut p, cfg).map_err(sim_err(e.name))?);
@@ -179,6 +216,9 @@ pub fn run_trace(
             store_bytes_per_page: r.store_bytes_per_page,
             plan_ms_per_interval: r.plan_ms_per_interval,
             plan_violations: r.plan_violations,
+            damon_regions_per_sample: r.damon_regions_per_sample,
+            zoom_regions_per_sample: r.zoom_regions_per_sample,
+            zoom_bytes_mean: r.zoom_bytes_mean,
         })
         .collect();
     let def = rows.iter().find(|r| r.policy == SHIPPED[0].0);
@@ -187,6 +227,8 @@ pub fn run_trace(
             || p == "oracle"
             || SHIPPED.iter().any(|s| s.0 == p)
             || GRANULARITY.iter().any(|s| s.0 == p)
+            || ZOOM.iter().any(|s| s.0 == p)
+            || ZOOM_HYBRID.0 == p
     };
     let best = rows
         .iter()
@@ -498,7 +540,12 @@ mod tests {
         let (rep, runs) = run_trace("mh", &t, &cfg)?;
         assert_eq!(
             rep.results.len(),
-            vmtier_policies::registry::REGISTRY.len() + 1 + SHIPPED.len() + GRANULARITY.len()
+            vmtier_policies::registry::REGISTRY.len()
+                + 1
+                + SHIPPED.len()
+                + GRANULARITY.len()
+                + ZOOM.len()
+                + 1
         );
         assert_eq!(rep.results[0].policy, "oracle");
         assert_eq!(
@@ -511,6 +558,7 @@ mod tests {
         assert_eq!(rep.results[2].source, "soft-dirty");
         assert!((rep.results[0].oracle_ratio - 1.0).abs() < 1e-9);
         // vmtierd-2m's budget counts whole regions touched: more bytes than the oracle's.
+        assert!(rep.results.iter().any(|r| r.policy == ZOOM_HYBRID.0));
         assert!(rep
             .results
             .iter()

@@ -179,6 +179,20 @@ pub struct Config {
     /// most 2 MiB regions, in percent, that keep 4 KiB detail; 0 = off. The budget and the
     /// move limit are then counted in 4 KiB pages touched, as with 4 KiB granules.
     pub detail_percent: u8,
+    /// Experiment, simulator only ("zoom", [`crate::zoom`]): a second DAMON context over
+    /// at most this many bytes of 2 MiB chunks whose heat is mixed, re-chosen every
+    /// `zoom_every` ticks; its reports replace the first context's over those chunks. 0 = off
+    /// (vmtierd as shipped). Needs the `damon` source and 4 KiB granules, or hybrid tracking
+    /// (`detail_percent`), where its finer reports split the regions they find mixed.
+    pub zoom_bytes: u64,
+    /// `min_nr_regions` of the zoom context.
+    pub zoom_min_regions: u32,
+    /// `max_nr_regions` of the zoom context.
+    pub zoom_max_regions: u32,
+    /// Ticks between choices of the zoom context's chunks (≥ 1).
+    pub zoom_every: u32,
+    /// Chunks the zoom watched that are still mixed keep their place ([`crate::zoom::select`]).
+    pub zoom_sticky: bool,
 }
 
 impl Default for Config {
@@ -211,6 +225,11 @@ impl Default for Config {
             seed: 1,
             policy: toml::Table::new(),
             detail_percent: 0,
+            zoom_bytes: 0,
+            zoom_min_regions: 333,
+            zoom_max_regions: 1000,
+            zoom_every: 1,
+            zoom_sticky: false,
         }
     }
 }
@@ -226,6 +245,16 @@ impl Config {
         if self.detail_percent > 100 || (self.detail_percent > 0 && self.granule_pages_log2 != 9) {
             return Err(Error::Config(
                 "detail_percent must be ≤ 100, and needs granule_pages_log2 = 9",
+            ));
+        }
+        if self.zoom_bytes > 0
+            && ((self.granule_pages_log2 != 0 && self.detail_percent == 0)
+                || self.zoom_min_regions == 0
+                || self.zoom_max_regions < self.zoom_min_regions
+                || self.zoom_every == 0)
+        {
+            return Err(Error::Config(
+                "zoom needs 4 KiB granules or hybrid tracking, 0 < zoom_min_regions ≤ zoom_max_regions, zoom_every ≥ 1",
             ));
         }
         if !(1..=16).contains(&self.abit_scans_per_tick) {
@@ -339,6 +368,12 @@ pub struct RunResult {
     pub series: Vec<f32>,
     /// Ticks where the trace marks a shift of its hot set.
     pub marker_ticks: Vec<u64>,
+    /// DAMON (first context): mean regions checked per sample interval.
+    pub damon_regions_per_sample: f64,
+    /// The zoom context ([`Config::zoom_bytes`]): mean regions checked per sample interval.
+    pub zoom_regions_per_sample: f64,
+    /// The zoom context: mean bytes watched per tick.
+    pub zoom_bytes_mean: f64,
     /// Placement heatmap: per tick, per address bucket, (DRAM fraction, accesses share).
     pub heatmap: Vec<Vec<(f32, f32)>>,
 }
@@ -565,6 +600,39 @@ pub fn run_logged(
             cfg.seed ^ 0xda30,
         )
     });
+    // The zoom context: the same model over the chunks `zoom::select` picks, its own limits.
+    let mut zoom = (damon.is_some() && cfg.zoom_bytes > 0).then(|| {
+        DamonModel::new(
+            &[],
+            DamonAttrs {
+                samples_per_window: per_window,
+                min_nr_regions: cfg.zoom_min_regions,
+                max_nr_regions: cfg.zoom_max_regions,
+            },
+            unit_log2,
+            cfg.seed ^ 0x2004,
+        )
+    });
+    let zoom_cap =
+        usize::try_from(cfg.zoom_bytes / (u64::from(crate::zoom::CHUNK_PAGES) * page_bytes))
+            .unwrap_or(usize::MAX);
+    let mut zoom_chunks: Vec<u32> = Vec::new();
+    let mut zoom_last = vec![
+        0u64;
+        if zoom.is_some() {
+            trace.pages.div_ceil(crate::zoom::CHUNK_PAGES) as usize
+        } else {
+            0
+        }
+    ];
+    let mut zoom_ranges: Vec<(u32, u32)> = Vec::new();
+    let mut zoom_windows: Vec<Reported> = Vec::new();
+    let mut heats: Vec<u8> = Vec::new();
+    let (mut main_checks, mut zoom_checks, mut zoom_pages_sum) = (0u64, 0u64, 0u64);
+    let damon_max_gain = {
+        let n = u32::try_from(damon_samples).unwrap_or(u32::MAX);
+        HeatRecord::heat_gain(n, n)
+    };
     let mut last_sample = vec![
         u64::MAX;
         if damon.is_some() {
@@ -615,9 +683,44 @@ pub fn run_logged(
         // The tick's clock in thousandths of a tick (hint-fault latencies).
         let len = window.len().max(1) as u64;
         let clock = |pos: usize| tick * 1000 + pos as u64 * 1000 / len;
+        if let Some(z) = zoom.as_mut() {
+            if tick % u64::from(cfg.zoom_every) == 0 {
+                // What the store found at the end of the last tick picks the zoom's chunks;
+                // DAMON sysfs commits them between two aggregation windows.
+                heats.clear();
+                if hybrid {
+                    // A split region's pages, else its own heat for each of its pages.
+                    for (g, r) in store.records().iter().enumerate() {
+                        match store.detail(Granule(g as u32)) {
+                            Some(d) => heats.extend(d.iter().map(|p| p.heat())),
+                            None => heats.extend(std::iter::repeat(r.heat()).take(512)),
+                        }
+                    }
+                    heats.truncate(trace.pages as usize);
+                } else {
+                    heats.extend(store.records().iter().map(|r| r.heat()));
+                }
+                let hot_min = vmtier_core::hybrid::hot_min(damon_max_gain);
+                zoom_chunks = crate::zoom::select(
+                    &heats,
+                    hot_min,
+                    zoom_cap,
+                    &zoom_chunks,
+                    cfg.zoom_sticky,
+                    &zoom_last,
+                );
+                for &c in &zoom_chunks {
+                    zoom_last[c as usize] = tick + 1;
+                }
+                zoom_ranges = crate::zoom::ranges(&zoom_chunks, trace.pages);
+                z.set_ranges(&zoom_ranges);
+            }
+            zoom_pages_sum += z.total_pages();
+        }
         // The engine's tick starts: heat cools, move ages advance.
         store.tick();
         windows.clear();
+        zoom_windows.clear();
         let mut last_window = 0usize;
         let mut hits = 0u64;
         let tick_sample0 = damon_sample;
@@ -665,8 +768,13 @@ pub fn run_logged(
                     while damon_sample < s {
                         let cur = damon_sample;
                         let before = windows.len();
+                        main_checks += d.regions().len() as u64;
                         if d.sample(|u| last_sample[u as usize] == cur, &mut windows) {
                             last_window = before;
+                        }
+                        if let Some(z) = zoom.as_mut() {
+                            zoom_checks += z.regions().len() as u64;
+                            z.sample(|u| last_sample[u as usize] == cur, &mut zoom_windows);
                         }
                         damon_sample += 1;
                     }
@@ -687,8 +795,13 @@ pub fn run_logged(
             while damon_sample < tick_sample0 + damon_samples {
                 let cur = damon_sample;
                 let before = windows.len();
+                main_checks += d.regions().len() as u64;
                 if d.sample(|u| last_sample[u as usize] == cur, &mut windows) {
                     last_window = before;
+                }
+                if let Some(z) = zoom.as_mut() {
+                    zoom_checks += z.regions().len() as u64;
+                    z.sample(|u| last_sample[u as usize] == cur, &mut zoom_windows);
                 }
                 damon_sample += 1;
             }
@@ -707,14 +820,23 @@ pub fn run_logged(
         let hva = |page: u64| HostVirtAddr::new(SIM_BASE + page * page_bytes);
         match source {
             TrackingSource::DamonRegions => {
-                let recs: Vec<WindowRegion> = windows
-                    .iter()
-                    .map(|w| WindowRegion {
-                        start: SIM_BASE + u64::from(w.start) * page_bytes,
-                        end: SIM_BASE + u64::from(w.end) * page_bytes,
-                        nr_accesses: w.nr_accesses,
-                    })
-                    .collect();
+                let rec = |start: u32, end: u32, nr_accesses| WindowRegion {
+                    start: SIM_BASE + u64::from(start) * page_bytes,
+                    end: SIM_BASE + u64::from(end) * page_bytes,
+                    nr_accesses,
+                };
+                let mut recs: Vec<WindowRegion> = Vec::with_capacity(windows.len());
+                for w in &windows {
+                    // Over the zoom's chunks its finer regions replace the first context's.
+                    for (s, e) in outside(w.start, w.end, &zoom_ranges) {
+                        recs.push(rec(s, e, w.nr_accesses));
+                    }
+                }
+                recs.extend(
+                    zoom_windows
+                        .iter()
+                        .map(|w| rec(w.start, w.end, w.nr_accesses)),
+                );
                 reports.extend(accumulate(&recs, per_window).iter().map(|sg| RegionAccess {
                     start: HostVirtAddr::new(sg.start),
                     len: sg.end - sg.start,
@@ -944,6 +1066,10 @@ pub fn run_logged(
         Planner::Oracle => 8.0 * n as f64 / pages,
     };
     res.plan_ms_per_interval = plan_ns_total as f64 / 1e6 / ticks.max(1) as f64;
+    let samples_run = (damon_samples * ticks).max(1) as f64;
+    res.damon_regions_per_sample = main_checks as f64 / samples_run;
+    res.zoom_regions_per_sample = zoom_checks as f64 / samples_run;
+    res.zoom_bytes_mean = (zoom_pages_sum * page_bytes) as f64 / ticks.max(1) as f64;
     res.plan_ms_max = plan_ns_max as f64 / 1e6;
     let misses = res.accesses - res.hits;
     let bw = if cfg.granule_pages_log2 >= 9 {
@@ -960,6 +1086,31 @@ pub fn run_logged(
     res.est_slowdown = cost / base.max(1.0);
     res.replay_accesses_per_s = res.accesses as f64 / started.elapsed().as_secs_f64().max(1e-9);
     Ok(res)
+}
+
+/// The parts of pages `start..end` outside `ranges` (sorted, non-overlapping).
+fn outside(start: u32, end: u32, ranges: &[(u32, u32)]) -> Vec<(u32, u32)> {
+    let mut out = Vec::new();
+    let mut at = start;
+    for &(s, e) in ranges {
+        if e <= at {
+            continue;
+        }
+        if s >= end {
+            break;
+        }
+        if s > at {
+            out.push((at, s));
+        }
+        at = at.max(e);
+        if at >= end {
+            return out;
+        }
+    }
+    if at < end {
+        out.push((at, end));
+    }
+    out
 }
 
 /// Where the simulated guest RAM sits in the simulated VMM: one range, huge-page aligned.
@@ -1348,6 +1499,62 @@ mod tests {
             *log.lock().expect("log"),
             vec![(1, 0, 0), (2, 0, 0), (2, 1, 1025)]
         );
+        Ok(())
+    }
+
+    #[test]
+    fn outside_table() {
+        // (case, start, end, ranges, parts outside them)
+        let cases: Vec<(&str, u32, u32, Vec<(u32, u32)>, Vec<(u32, u32)>)> = vec![
+            ("no ranges", 0, 10, vec![], vec![(0, 10)]),
+            ("disjoint", 0, 10, vec![(20, 30)], vec![(0, 10)]),
+            ("covered", 4, 8, vec![(0, 10)], vec![]),
+            (
+                "cut in the middle",
+                0,
+                10,
+                vec![(3, 5)],
+                vec![(0, 3), (5, 10)],
+            ),
+            (
+                "two cuts",
+                0,
+                10,
+                vec![(0, 2), (4, 6)],
+                vec![(2, 4), (6, 10)],
+            ),
+            ("range ends inside", 5, 10, vec![(0, 7)], vec![(7, 10)]),
+        ];
+        for (name, s, e, ranges, want) in cases {
+            assert_eq!(outside(s, e, &ranges), want, "{name}");
+        }
+    }
+
+    #[test]
+    fn zoom_is_sim_only_and_leaves_the_shipped_row_alone() -> Result<(), Error> {
+        let t = small(Kind::Zipf);
+        let shipped = Config {
+            source: Some(SourceName::Damon),
+            ..cfg()
+        };
+        let zoomed = Config {
+            zoom_bytes: 2 << 20,
+            ..shipped.clone()
+        };
+        let a = run(&t, &mut Planner::by_name("default", &shipped)?, &shipped)?;
+        let b = run(&t, &mut Planner::by_name("default", &zoomed)?, &zoomed)?;
+        assert_eq!(a.zoom_regions_per_sample, 0.0);
+        assert!(b.zoom_regions_per_sample > 0.0 && b.zoom_bytes_mean <= f64::from(2u32 << 20));
+        assert!(a.damon_regions_per_sample > 0.0);
+        assert_eq!(b.plan_violations, 0);
+        let bad = Config {
+            granule_pages_log2: 9,
+            ..zoomed
+        };
+        assert!(matches!(
+            run(&t, &mut Planner::Oracle, &bad),
+            Err(Error::Config(_))
+        ));
         Ok(())
     }
 }

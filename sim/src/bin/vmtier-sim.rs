@@ -411,6 +411,24 @@ fn cmd_report(args: &[String]) -> Result<(), Error> {
         reports.len(),
         reports.len()
     );
+    // vmtierd's DAMON rows side by side, the sim-only zoom experiment among them.
+    let names = ["vmtierd", "vmtierd-hybrid", report::ZOOM_HYBRID.0];
+    for name in names.into_iter().chain(report::ZOOM.iter().map(|z| z.0)) {
+        let rows: Vec<&report::Row> = reports
+            .iter()
+            .filter_map(|r| r.results.iter().find(|x| x.policy == name))
+            .collect();
+        let n = rows.len().max(1) as f64;
+        println!(
+            "{name}: ≥95% of the oracle on {}/{}, mean ratio {:.4}, migrated {}, regions per sample {:.0} + zoom {:.0}",
+            rows.iter().filter(|x| x.oracle_ratio >= 0.95).count(),
+            rows.len(),
+            rows.iter().map(|x| x.oracle_ratio).sum::<f64>() / n,
+            report::human_bytes(rows.iter().map(|x| x.bytes_migrated).sum()),
+            rows.iter().map(|x| x.damon_regions_per_sample).sum::<f64>() / n,
+            rows.iter().map(|x| x.zoom_regions_per_sample).sum::<f64>() / n,
+        );
+    }
     let json = serde_json::json!({
         "config": cfg,
         "quick": quick,
