@@ -391,7 +391,13 @@ mod tests {
             sampling_page: start,
         };
         // (case, regions before, new ranges, (start, end, nr_accesses) after)
-        let cases: Vec<(&str, Vec<Region>, Vec<(u32, u32)>, Vec<(u32, u32, u32)>)> = vec![
+        type Case = (
+            &'static str,
+            Vec<Region>,
+            Vec<(u32, u32)>,
+            Vec<(u32, u32, u32)>,
+        );
+        let cases: Vec<Case> = vec![
             (
                 "empty to one range",
                 vec![],

@@ -146,11 +146,13 @@ pub const ZOOM: [(&str, u64); 3] = [
 /// an 8 MiB zoom context, simulator only: name, bytes, `detail_percent`.
 pub const ZOOM_HYBRID: (&str, u64, u8) = ("hyb-zoom8m-simonly", 8 << 20, HYBRID_DETAIL_PERCENT);
 
-/// Runs every policy and the oracle on one trace.
+/// Runs every policy and the oracle on one trace; with `zoom`, the sim-only experiment rows
+/// [`ZOOM`] and [`ZOOM_HYBRID`] too (`vmtier-sim report --zoom`).
 pub fn run_trace(
     name: &str,
     t: &Trace,
     cfg: &Config,
+    zoom: bool,
 ) -> Result<(TraceReport, Vec<RunResult>), Error> {
     let sim_err = |p: &str| {
         let label = format!("{p} on {name}");
@@ -180,7 +182,8 @@ pub fn run_trace(
         label.clone_into(&mut r.policy);
         runs.push(r);
     }
-    for (label, bytes, detail) in ZOOM.iter().map(|&(l, b)| (l, b, 0)).chain([ZOOM_HYBRID]) {
+    let experiments = ZOOM.iter().map(|&(l, b)| (l, b, 0)).chain([ZOOM_HYBRID]);
+    for (label, bytes, detail) in experiments.filter(|_| zoom) {
         let c = Config {
             source: Some(sim::SourceName::Damon),
             zoom_bytes: bytes,
@@ -537,7 +540,7 @@ mod tests {
             heatmap_rows: 4,
             ..Config::default()
         };
-        let (rep, runs) = run_trace("mh", &t, &cfg)?;
+        let (rep, runs) = run_trace("mh", &t, &cfg, true)?;
         assert_eq!(
             rep.results.len(),
             vmtier_policies::registry::REGISTRY.len()
@@ -598,7 +601,7 @@ mod tests {
             }
             e.push(p, t.is_write(w));
         }
-        let (rep, _) = run_trace("mh-epochs", &e, &cfg)?;
+        let (rep, _) = run_trace("mh-epochs", &e, &cfg, false)?;
         assert_eq!((rep.ticks, rep.epoch_ticks), (3, true));
         assert!(table(&rep).contains("3 ticks (one per recorded epoch)"));
         Ok(())

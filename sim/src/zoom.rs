@@ -136,7 +136,8 @@ mod tests {
     #[test]
     fn chunk_heat_table() {
         // (case, pages' heats, hot_min, (partial, hot, cold), mixed)
-        let cases: Vec<(&str, Vec<u8>, u8, (u32, u32, u32), bool)> = vec![
+        type Case = (&'static str, Vec<u8>, u8, (u32, u32, u32), bool);
+        let cases: Vec<Case> = vec![
             ("never seen", vec![0; 8], 4, (0, 0, 8), false),
             ("seen in every sample", vec![31; 8], 4, (0, 8, 0), false),
             (
@@ -185,7 +186,8 @@ mod tests {
             ],
         );
         // (case, cap, prev, sticky, chosen)
-        let cases: Vec<(&str, usize, Vec<u32>, bool, Vec<u32>)> = vec![
+        type Case = (&'static str, usize, Vec<u32>, bool, Vec<u32>);
+        let cases: Vec<Case> = vec![
             ("off", 0, vec![], false, vec![]),
             ("most partial pages first", 1, vec![], false, vec![5]),
             ("then fewer", 2, vec![], false, vec![1, 5]),
@@ -234,7 +236,8 @@ mod tests {
     #[test]
     fn ranges_table() {
         // (case, chunks, pages, ranges)
-        let cases: Vec<(&str, Vec<u32>, u32, Vec<(u32, u32)>)> = vec![
+        type Case = (&'static str, Vec<u32>, u32, Vec<(u32, u32)>);
+        let cases: Vec<Case> = vec![
             ("none", vec![], 2048, vec![]),
             ("one", vec![1], 2048, vec![(512, 1024)]),
             (

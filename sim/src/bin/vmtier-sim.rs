@@ -5,7 +5,7 @@
 //! vmtier-sim gen KIND --out FILE [--pages N] [--accesses N] [--seed N] [--phases N]
 //! vmtier-sim record-lackey --out FILE [--max-records N] [--skip-records N]
 //!     [--epoch-instructions N] [--sample-every N] [--max-epochs N] [--seed N] < lackey.log
-//! vmtier-sim report [--traces DIR] [--out DIR] [--config FILE] [--quick] [--no-scale] [--no-generated]
+//! vmtier-sim report [--traces DIR] [--out DIR] [--config FILE] [--quick] [--no-scale] [--no-generated] [--zoom]
 //! vmtier-sim scale [--pages-log2 N] [--accesses N]
 //! vmtier-sim stat --trace FILE
 //! vmtier-sim thin --trace FILE --every N --out FILE [--seed N]
@@ -32,7 +32,7 @@ const USAGE: &str = "usage:
       KIND: zipf | moving-hot | phases | scan-hot | gups
   vmtier-sim record-lackey --out FILE [--max-records N] [--skip-records N]
       [--epoch-instructions N] [--sample-every N] [--max-epochs N] [--seed N] < lackey.log
-  vmtier-sim report [--traces DIR] [--out DIR] [--config FILE] [--quick] [--no-scale] [--no-generated]
+  vmtier-sim report [--traces DIR] [--out DIR] [--config FILE] [--quick] [--no-scale] [--no-generated] [--zoom]
   vmtier-sim scale [--pages-log2 N] [--accesses N]
   vmtier-sim stat --trace FILE
   vmtier-sim thin --trace FILE --every N --out FILE [--seed N]
@@ -296,8 +296,9 @@ const BUDGETS: [u32; 3] = [100, 250, 500];
 
 fn cmd_report(args: &[String]) -> Result<(), Error> {
     let a = parse_args(args, &["traces", "out", "config"])?;
-    a.check_flags(&["quick", "no-scale", "no-generated"])?;
+    a.check_flags(&["quick", "no-scale", "no-generated", "zoom"])?;
     let quick = a.flag("quick");
+    let zoom = a.flag("zoom");
     let cfg = load_config(a.opts.get("config"))?;
     let out = PathBuf::from(a.opts.get("out").map_or("target/bench", String::as_str));
     std::fs::create_dir_all(&out).map_err(|e| report::Error::Write(out.clone(), e))?;
@@ -342,7 +343,7 @@ fn cmd_report(args: &[String]) -> Result<(), Error> {
                 fast_permille: permille,
                 ..cfg.clone()
             };
-            let (rep, runs) = report::run_trace(name, t, &c)?;
+            let (rep, runs) = report::run_trace(name, t, &c, zoom)?;
             print!("{}", report::table(&rep));
             if permille == cfg.fast_permille
                 || (permille == 250 && !BUDGETS.contains(&cfg.fast_permille))
@@ -413,7 +414,12 @@ fn cmd_report(args: &[String]) -> Result<(), Error> {
     );
     // vmtierd's DAMON rows side by side, the sim-only zoom experiment among them.
     let names = ["vmtierd", "vmtierd-hybrid", report::ZOOM_HYBRID.0];
-    for name in names.into_iter().chain(report::ZOOM.iter().map(|z| z.0)) {
+    let zoomed = report::ZOOM.iter().map(|z| z.0);
+    for name in names
+        .into_iter()
+        .chain(zoomed)
+        .filter(|n| zoom || !n.ends_with("-simonly"))
+    {
         let rows: Vec<&report::Row> = reports
             .iter()
             .filter_map(|r| r.results.iter().find(|x| x.policy == name))
