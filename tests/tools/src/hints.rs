@@ -46,8 +46,9 @@ pub struct HintsArgs {
     #[arg(long)]
     evil: bool,
     /// With --evil: the malicious VM's `frames_per_s`. At least 5: the guest sends its
-    /// classes in rounds of 5 frames after 2 s of quiet (tests/workload-guest/hints.c),
-    /// and a round the bucket cannot hold loses frames to the rate limit.
+    /// classes in batches of 5 frames that matter (then a flood) after 3.5 s of quiet
+    /// (tests/workload-guest/hints.c), and a batch the bucket cannot hold loses frames to the
+    /// rate limit.
     #[arg(long, default_value_t = 5)]
     evil_frames_per_s: u32,
     /// Bound on vmtierd's CPU time over the run, percent of one CPU.
