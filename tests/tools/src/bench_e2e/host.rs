@@ -51,14 +51,19 @@ pub fn node_free(node: u32) -> u64 {
 /// moved there: a manager that pushes the node below its watermarks (DAMOS allocates down to
 /// `min`) wakes kswapd, which reclaims file pages there, so it can hold more than the free
 /// memory it was given.
-pub const NODE_MEMINFO: [&str; 7] = [
+pub const NODE_MEMINFO: [&str; 12] = [
+    "MemUsed",
     "FilePages",
     "Active(file)",
     "Inactive(file)",
     "AnonPages",
+    "AnonHugePages",
     "Shmem",
     "Mlocked",
     "SReclaimable",
+    "SUnreclaim",
+    "PageTables",
+    "KernelStack",
 ];
 
 /// Writes dirty pages back and drops the clean page cache (`vm.drop_caches = 1`), so every
