@@ -60,6 +60,18 @@ pub struct Region {
 }
 
 impl Region {
+    /// A new region over pages `start..end`, with no history.
+    fn fresh(start: u32, end: u32) -> Self {
+        Self {
+            start,
+            end,
+            nr_accesses: 0,
+            last_nr_accesses: 0,
+            age: 0,
+            sampling_page: start,
+        }
+    }
+
     fn len(&self) -> u32 {
         self.end - self.start
     }
@@ -97,30 +109,29 @@ impl DamonModel {
         let regions: Vec<Region> = ranges
             .iter()
             .filter(|(s, e)| s < e)
-            .map(|&(start, end)| Region {
-                start,
-                end,
-                nr_accesses: 0,
-                last_nr_accesses: 0,
-                age: 0,
-                sampling_page: start,
-            })
+            .map(|&(start, end)| Region::fresh(start, end))
             .collect();
-        let total: u64 = regions.iter().map(|r| u64::from(r.len())).sum();
-        let sz_limit = u32::try_from(total / u64::from(attrs.min_nr_regions.max(1)))
-            .unwrap_or(u32::MAX)
-            .max(1);
         let mut m = Self {
             attrs,
             regions,
             unit_log2: unit_pages_log2,
-            sz_limit,
+            sz_limit: 1,
             samples_in_window: 0,
             last_nr_regions: 0,
             rng: Rng::new(seed),
         };
+        m.set_sz_limit();
         m.prepare();
         m
+    }
+
+    /// The size limit DAMON keeps merged regions under: total / `min_nr_regions`, at least a
+    /// page.
+    fn set_sz_limit(&mut self) {
+        self.sz_limit =
+            u32::try_from(self.total_pages() / u64::from(self.attrs.min_nr_regions.max(1)))
+                .unwrap_or(u32::MAX)
+                .max(1);
     }
 
     /// The current regions.
@@ -136,14 +147,6 @@ impl DamonModel {
     /// regions; a range no region intersects becomes one new region. The size limit
     /// (total / `min_nr_regions`) follows the new total, as the kernel recomputes it.
     pub fn set_ranges(&mut self, ranges: &[(u32, u32)]) {
-        let fresh = |start, end| Region {
-            start,
-            end,
-            nr_accesses: 0,
-            last_nr_accesses: 0,
-            age: 0,
-            sampling_page: start,
-        };
         let mut out: Vec<Region> = Vec::with_capacity(self.regions.len() + ranges.len());
         for &(rs, re) in ranges.iter().filter(|(s, e)| s < e) {
             let first = out.len();
@@ -153,13 +156,13 @@ impl DamonModel {
                 c.end = c.end.min(re);
                 if let Some(p) = out.last().filter(|_| out.len() > first) {
                     if p.end < c.start {
-                        out.push(fresh(p.end, c.start));
+                        out.push(Region::fresh(p.end, c.start));
                     }
                 }
                 out.push(c);
             }
             if out.len() == first {
-                out.push(fresh(rs, re));
+                out.push(Region::fresh(rs, re));
             } else {
                 out[first].start = rs;
                 if let Some(l) = out.last_mut() {
@@ -168,10 +171,7 @@ impl DamonModel {
             }
         }
         self.regions = out;
-        let total: u64 = self.regions.iter().map(|r| u64::from(r.len())).sum();
-        self.sz_limit = u32::try_from(total / u64::from(self.attrs.min_nr_regions.max(1)))
-            .unwrap_or(u32::MAX)
-            .max(1);
+        self.set_sz_limit();
         self.prepare();
     }
 

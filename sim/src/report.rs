@@ -160,15 +160,20 @@ pub fn run_trace(
     };
     let oracle = sim::run(t, &mut Planner::Oracle, cfg).map_err(sim_err("oracle"))?;
     let mut runs = vec![oracle.clone()];
+    // The default policy under `c`, reported as `label`.
+    let mut default_as = |label: &str, c: Config| -> Result<(), Error> {
+        let mut p = Planner::by_name("default", &c).map_err(sim_err(label))?;
+        let mut r = sim::run(t, &mut p, &c).map_err(sim_err(label))?;
+        label.clone_into(&mut r.policy);
+        runs.push(r);
+        Ok(())
+    };
     for (label, source) in SHIPPED {
         let c = Config {
             source: Some(source),
             ..cfg.clone()
         };
-        let mut p = Planner::by_name("default", &c).map_err(sim_err(label))?;
-        let mut r = sim::run(t, &mut p, &c).map_err(sim_err(label))?;
-        label.clone_into(&mut r.policy);
-        runs.push(r);
+        default_as(label, c)?;
     }
     for (label, log2, detail) in GRANULARITY {
         let c = Config {
@@ -177,10 +182,7 @@ pub fn run_trace(
             detail_percent: detail,
             ..cfg.clone()
         };
-        let mut p = Planner::by_name("default", &c).map_err(sim_err(label))?;
-        let mut r = sim::run(t, &mut p, &c).map_err(sim_err(label))?;
-        label.clone_into(&mut r.policy);
-        runs.push(r);
+        default_as(label, c)?;
     }
     let experiments = ZOOM.iter().map(|&(l, b)| (l, b, 0)).chain([ZOOM_HYBRID]);
     for (label, bytes, detail) in experiments.filter(|_| zoom) {
@@ -195,10 +197,7 @@ pub fn run_trace(
             detail_percent: detail,
             ..cfg.clone()
         };
-        let mut p = Planner::by_name("default", &c).map_err(sim_err(label))?;
-        let mut r = sim::run(t, &mut p, &c).map_err(sim_err(label))?;
-        label.clone_into(&mut r.policy);
-        runs.push(r);
+        default_as(label, c)?;
     }
     for e in vmtier_policies::registry::REGISTRY {
         let mut p = Planner::by_name(e.name, cfg).map_err(sim_err(e.name))?;
