@@ -58,8 +58,11 @@ pub const TRUST_RECOVERY: u16 = 16;
 /// Host heat at or above which a granule counts as hot when checking a cold or free claim.
 pub const CONTRADICT_HEAT: u8 = 4;
 
-/// Token bucket in micro-tokens; refills continuously, holds one second of rate (at least
-/// `min_burst`).
+/// Token bucket in micro-tokens, refilled at every read of the socket (once a tick). It
+/// holds one second of rate (at least `min_burst`) or, when reads are further apart than
+/// that (a tick that ran long), what the rate allowed since the previous read: a guest that
+/// kept to its rate is not refused for the daemon's own delay, and the excess lasts only
+/// until the next read.
 #[derive(Clone, Copy, Debug)]
 struct TokenBucket {
     rate: u64,
@@ -81,11 +84,15 @@ impl TokenBucket {
 
     fn refill(&mut self, now: Instant) {
         let us = now.saturating_duration_since(self.last).as_micros();
+        if us == 0 {
+            return;
+        }
         self.last = now;
+        let add = us.saturating_mul(u128::from(self.rate));
         self.micro = self
             .micro
-            .saturating_add(us.saturating_mul(u128::from(self.rate)))
-            .min(self.cap_micro);
+            .saturating_add(add)
+            .min(self.cap_micro.max(add));
     }
 
     fn has(&self, n: u64) -> bool {
@@ -305,6 +312,9 @@ impl HintChannel {
 
     /// Reads and decodes up to [`READ_PER_POLL`] bytes.
     fn read(&mut self, layout: &GuestMemoryLayout, now: Instant) {
+        // Every poll, data or not, so that a refill covers one poll interval at most.
+        self.frames.refill(now);
+        self.bytes.refill(now);
         let mut budget = READ_PER_POLL;
         let mut buf = std::mem::take(&mut self.read_buf);
         while budget > 0 {
@@ -1305,6 +1315,44 @@ mod tests {
         );
         // Rate drops are not protocol violations.
         assert!(ch.take_violations().is_none());
+    }
+
+    #[test]
+    fn a_long_tick_does_not_refuse_a_guest_within_its_rate() {
+        // 5 frames/s. Each row: the polls after the one that connects, as (ms after it,
+        // frames sent just before it), and the frames admitted and refused in the end.
+        // vmtierd reads once a tick; a tick that runs long delivers everything the guest
+        // sent meanwhile in one read.
+        let cases: &[(&str, &[(u64, u32)], u64, u64)] = &[
+            ("ticks of 1 s", &[(1000, 5), (2000, 5)], 10, 0),
+            ("a burst within one tick", &[(1000, 9)], 5, 4),
+            ("3.4 s tick, sent at the rate", &[(3400, 17)], 17, 0),
+            ("3.4 s tick, sent over the rate", &[(3400, 25)], 17, 8),
+            ("the excess ends at the next read", &[(3400, 2), (3600, 10)], 7, 5),
+            ("a quiet second after it", &[(3400, 2), (4400, 10)], 7, 5),
+        ];
+        for &(name, polls, ok, refused) in cases {
+            let (mut g, mut ch) = guest_with("long-tick", |c| c.frames_per_s = 5);
+            let l = layout();
+            let t0 = Instant::now();
+            ch.poll(&l, t0);
+            let mut seq = 0u32;
+            for &(ms, frames) in polls {
+                let mut bytes = Vec::new();
+                for _ in 0..frames {
+                    if seq == 0 {
+                        bytes.extend(hello());
+                    } else {
+                        bytes.extend(hints(seq, 1, vec![raw(0, 4096, 1)]));
+                    }
+                    seq += 1;
+                }
+                g.send(&bytes);
+                ch.poll(&l, t0 + Duration::from_millis(ms));
+            }
+            let c = ch.status().counters;
+            assert_eq!((c.frames_ok, c.dropped_rate), (ok, refused), "{name}: {c:?}");
+        }
     }
 
     #[test]
