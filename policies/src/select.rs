@@ -156,7 +156,11 @@ pub fn quotas(h: &Histogram, budget: u64, max_moves: u64, rules: &Rules) -> Quot
     };
     let mut bs = BUCKETS - 1;
     let mut bf = 0usize;
-    while moves >= 2 {
+    // Swaps, a demotion and a promotion each. With one move left (a move limit of one
+    // granule a tick: a low rate limit shared by many VMs, 2 MiB granules) the demotion
+    // alone goes now and the promotion takes the room it left next tick; waiting for two
+    // moves would never swap at all.
+    while moves >= 1 {
         while bs > min_promote && slow_rem[bs] == 0 {
             bs -= 1;
         }
@@ -169,6 +173,12 @@ pub fn quotas(h: &Histogram, budget: u64, max_moves: u64, rules: &Rules) -> Quot
             || bs < bf + margin(bf)
             || bs < usize::from(rules.swap_min)
         {
+            break;
+        }
+        if moves == 1 {
+            q.demote[bf] += 1;
+            fast_rem[bf] -= 1;
+            moves = 0;
             break;
         }
         let k = slow_rem[bs].min(fast_rem[bf]).min(moves / 2);
@@ -309,9 +319,12 @@ mod tests {
             (vec![(4, S), (3, F)], 1, 10, vec![], vec![]),
             // Over budget: coldest demoted, whatever else.
             (vec![(9, F), (1, F), (5, F)], 1, 10, vec![], vec![1, 2]),
-            // Move limit: one swap needs two moves.
-            (vec![(9, S), (0, F)], 1, 1, vec![], vec![]),
+            // Move limit: a swap needs two moves; with one, the demotion goes first.
+            (vec![(9, S), (0, F)], 1, 1, vec![], vec![1]),
             (vec![(9, S), (8, S), (0, F), (1, F)], 2, 2, vec![0], vec![2]),
+            (vec![(9, S), (8, S), (0, F), (1, F)], 2, 3, vec![0], vec![2, 3]),
+            // ... and only where a swap would be made.
+            (vec![(3, S), (2, F)], 1, 1, vec![], vec![]),
         ];
         for (spec, budget, max_moves, promote, demote) in cases {
             let r = recs(&spec);

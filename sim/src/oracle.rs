@@ -5,7 +5,8 @@
 //!
 //! It is **greedy, with one interval of lookahead**: each tick it fills free room with the
 //! slow granules the next window accesses most, then swaps while the incoming granule will be
-//! accessed more in the next window than the outgoing one. That is the best placement for the
+//! accessed more in the next window than the outgoing one (with one move left, it demotes
+//! the outgoing one and fills the room next tick, as the policies do). That is the best placement for the
 //! next window alone under the move limit, but not over a trace: it never spends a tick's
 //! spare moves on a window further ahead, nor keeps a granule that the next window skips and
 //! the one after needs, so an online policy can beat it on some traces. It is a reference
@@ -51,6 +52,11 @@ pub fn plan(records: &[HeatRecord], future: &[u64], budget: u64, max_moves: u64)
         fi += 1;
         moves -= 2;
     }
+    // One move left: the demotion of a swap now, its promotion into the room next tick
+    // (as the policies do, `vmtier_policies::select::quotas`).
+    if moves == 1 && si < slow.len() && fi < fast.len() && slow[si].0 > fast[fi].0 {
+        plan.demote.push(Granule(fast[fi].1));
+    }
     plan
 }
 
@@ -68,7 +74,9 @@ mod tests {
         let cases: Vec<(Vec<Tier>, Vec<u64>, u64, u64, Vec<u32>, Vec<u32>)> = vec![
             (vec![S, S, F], vec![5, 9, 1], 2, 9, vec![1, 0], vec![2]),
             (vec![S, F], vec![5, 5], 1, 9, vec![], vec![]),
-            (vec![S, F], vec![5, 4], 1, 1, vec![], vec![]),
+            (vec![S, F], vec![5, 4], 1, 1, vec![], vec![1]),
+            (vec![S, F], vec![4, 5], 1, 1, vec![], vec![]),
+            (vec![S, S, F, F], vec![9, 8, 1, 2], 2, 3, vec![0], vec![2, 3]),
             (vec![F, F], vec![5, 4], 1, 9, vec![], vec![1]),
             (vec![S, S], vec![0, 3], 2, 9, vec![1], vec![]),
         ];

@@ -2672,6 +2672,38 @@ mod tests {
     }
 
     #[test]
+    fn a_move_limit_of_one_granule_still_follows_a_moving_hot_set() {
+        // 4 MB/s with 1 s ticks: one 2 MiB granule per tick, so a swap (a demotion and a
+        // promotion) takes two ticks. Budget full of the first hot set, then it moves.
+        let len = 64 * MIB;
+        let w = world(len);
+        let hot = Arc::new(Mutex::new((0, 8 * MIB)));
+        let mut e = engine(&w, 4);
+        let vm: VmId = "g".parse().unwrap();
+        e.attach(vm.clone(), ByteSize(8 * MIB), parts(&w, len, &hot))
+            .unwrap();
+        warm_up(&mut e, &w);
+        for _ in 0..6 {
+            e.tick();
+        }
+        assert_eq!(hot_in_dram(&w, 0, 8 * MIB), 8 * MIB, "first hot set");
+        *hot.lock().unwrap() = (32 * MIB, 8 * MIB);
+        let mut followed = None;
+        for t in 1..=30 {
+            e.tick();
+            assert!(dram_bytes(&w) <= 8 * MIB, "tick {t}: over budget");
+            if hot_in_dram(&w, 32 * MIB, 8 * MIB) == 8 * MIB {
+                followed = Some(t);
+                break;
+            }
+        }
+        // Four swaps of two ticks each, after the old set cools and the new one is seen
+        // for three ticks; a limit that waits for two moves in one tick never swaps.
+        assert!(followed.is_some(), "new hot set never fully in DRAM");
+        assert_eq!(hot_in_dram(&w, 0, 8 * MIB), 0, "old hot set left behind");
+    }
+
+    #[test]
     fn a_vanished_process_fails_its_vm_only_and_bad_requests_change_nothing() {
         let len = 64 * MIB;
         let w = world(len);
