@@ -322,7 +322,13 @@ mod tests {
             // Move limit: a swap needs two moves; with one, the demotion goes first.
             (vec![(9, S), (0, F)], 1, 1, vec![], vec![1]),
             (vec![(9, S), (8, S), (0, F), (1, F)], 2, 2, vec![0], vec![2]),
-            (vec![(9, S), (8, S), (0, F), (1, F)], 2, 3, vec![0], vec![2, 3]),
+            (
+                vec![(9, S), (8, S), (0, F), (1, F)],
+                2,
+                3,
+                vec![0],
+                vec![2, 3],
+            ),
             // ... and only where a swap would be made.
             (vec![(3, S), (2, F)], 1, 1, vec![], vec![]),
         ];

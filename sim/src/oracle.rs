@@ -76,7 +76,14 @@ mod tests {
             (vec![S, F], vec![5, 5], 1, 9, vec![], vec![]),
             (vec![S, F], vec![5, 4], 1, 1, vec![], vec![1]),
             (vec![S, F], vec![4, 5], 1, 1, vec![], vec![]),
-            (vec![S, S, F, F], vec![9, 8, 1, 2], 2, 3, vec![0], vec![2, 3]),
+            (
+                vec![S, S, F, F],
+                vec![9, 8, 1, 2],
+                2,
+                3,
+                vec![0],
+                vec![2, 3],
+            ),
             (vec![F, F], vec![5, 4], 1, 9, vec![], vec![1]),
             (vec![S, S], vec![0, 3], 2, 9, vec![1], vec![]),
         ];

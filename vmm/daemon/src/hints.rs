@@ -89,10 +89,7 @@ impl TokenBucket {
         }
         self.last = now;
         let add = us.saturating_mul(u128::from(self.rate));
-        self.micro = self
-            .micro
-            .saturating_add(add)
-            .min(self.cap_micro.max(add));
+        self.micro = self.micro.saturating_add(add).min(self.cap_micro.max(add));
     }
 
     fn has(&self, n: u64) -> bool {
@@ -1328,7 +1325,12 @@ mod tests {
             ("a burst within one tick", &[(1000, 9)], 5, 4),
             ("3.4 s tick, sent at the rate", &[(3400, 17)], 17, 0),
             ("3.4 s tick, sent over the rate", &[(3400, 25)], 17, 8),
-            ("the excess ends at the next read", &[(3400, 2), (3600, 10)], 7, 5),
+            (
+                "the excess ends at the next read",
+                &[(3400, 2), (3600, 10)],
+                7,
+                5,
+            ),
             ("a quiet second after it", &[(3400, 2), (4400, 10)], 7, 5),
         ];
         for &(name, polls, ok, refused) in cases {
@@ -1351,7 +1353,11 @@ mod tests {
                 ch.poll(&l, t0 + Duration::from_millis(ms));
             }
             let c = ch.status().counters;
-            assert_eq!((c.frames_ok, c.dropped_rate), (ok, refused), "{name}: {c:?}");
+            assert_eq!(
+                (c.frames_ok, c.dropped_rate),
+                (ok, refused),
+                "{name}: {c:?}"
+            );
         }
     }
 
