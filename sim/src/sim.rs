@@ -115,6 +115,13 @@ pub fn source_name(s: TrackingSource) -> &'static str {
     }
 }
 
+/// vmtierd's DAMON region limits (min, max): `damon_min_regions`, `damon_max_regions`.
+#[allow(clippy::cast_possible_truncation)] // 520 and 1560
+const DAMON_REGIONS: (u32, u32) = (
+    vmtier_sources::damon::DEFAULT_MIN_NR_REGIONS as u32,
+    vmtier_sources::damon::DEFAULT_MAX_NR_REGIONS as u32,
+);
+
 /// Simulator parameters (`docs/policies.md` lists each with its source).
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
@@ -151,10 +158,10 @@ pub struct Config {
     pub damon_sample_us: u32,
     /// DAMON aggregation interval, µs (DAMON's default, 100000).
     pub damon_aggr_us: u32,
-    /// DAMON minimum number of regions (vmtierd's default, a third of the maximum; DAMON's
-    /// own is 10).
+    /// DAMON minimum number of regions (vmtierd's default, 520: a third of the maximum;
+    /// DAMON's own is 10).
     pub damon_min_regions: u32,
-    /// DAMON maximum number of regions.
+    /// DAMON maximum number of regions (vmtierd's default, 1560; DAMON's own is 1000).
     pub damon_max_regions: u32,
     /// Guest RAM on 2 MiB huge pages: one accessed bit per 2 MiB for DAMON (as QEMU's
     /// THP-backed RAM); false: 4 KiB pages, one bit per page (THP off, fragmented, KSM).
@@ -213,8 +220,8 @@ impl Default for Config {
             tick_ms: 1000,
             damon_sample_us: 5000,
             damon_aggr_us: 100_000,
-            damon_min_regions: 333,
-            damon_max_regions: 1000,
+            damon_min_regions: DAMON_REGIONS.0,
+            damon_max_regions: DAMON_REGIONS.1,
             thp: false,
             sample_period: 64,
             hint_scan_mb_per_tick: 256,

@@ -2,6 +2,9 @@
 //! `ok - NAME: detail` or `not ok - NAME: detail` per assertion and exits non-zero if any
 //! failed.
 
+// bench-e2e's per-row `json!` has more keys than serde_json's macro recursion allows by default.
+#![recursion_limit = "256"]
+
 mod agent;
 mod api;
 mod bench_e2e;

@@ -227,6 +227,64 @@ pub struct DaemonConfig {
     /// percent of the VM's, that keep 4 KiB detail where their heat is mixed; 0 = off,
     /// at most 100. Default 0.
     pub detail_percent: u8,
+    /// DAMON's monitoring attributes (`[daemon.damon]`), for every VM DAMON watches.
+    pub damon: DamonAttrs,
+}
+
+/// `sample_us`: 100 µs to 1 s.
+pub const DAMON_SAMPLE_US: RangeInclusive<u64> = 100..=1_000_000;
+/// `aggr_us`: at most 60 s (DAMON itself sets no upper bound).
+pub const DAMON_MAX_AGGR_US: u64 = 60_000_000;
+/// `max_nr_regions`: at most 10,000 (a tick's trace records at 10 windows a tick, twice,
+/// fit the largest ring the source maps, 16 MiB).
+pub const DAMON_MAX_REGIONS: RangeInclusive<u64> = 3..=10_000;
+
+/// `[daemon.damon]`: DAMON's monitoring attributes (docs/sources.md). DAMON checks one
+/// random page per region every `sample_us` and reports each region's count at the end of
+/// every `aggr_us` window; regions split and merge between `min_nr_regions` and
+/// `max_nr_regions`, which bounds both what DAMON can resolve and what it costs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct DamonAttrs {
+    /// Access-check sampling interval, µs. Default 5000.
+    pub sample_us: u64,
+    /// Aggregation window, µs, from `sample_us` to 60 s. Default 100000. A window longer
+    /// than the tick (`interval_ms`) leaves some ticks without a report from DAMON.
+    pub aggr_us: u64,
+    /// DAMON never merges a region beyond guest RAM / this; 3 to `max_nr_regions`.
+    /// Default 520.
+    pub min_nr_regions: u64,
+    /// The most regions, 3 to 10000. Default 1560.
+    pub max_nr_regions: u64,
+}
+
+impl Default for DamonAttrs {
+    fn default() -> Self {
+        let a = vmtier_sources::DamonConfig::default().attrs;
+        Self {
+            sample_us: a.sample_us,
+            aggr_us: a.aggr_us,
+            min_nr_regions: a.min_nr_regions,
+            max_nr_regions: a.max_nr_regions,
+        }
+    }
+}
+
+impl DaemonConfig {
+    /// The DAMON source's configuration: `[daemon.damon]`, its trace ring sized for the
+    /// daemon's tick.
+    pub fn damon_config(&self) -> vmtier_sources::DamonConfig {
+        let mut c = vmtier_sources::DamonConfig {
+            tick_ms: self.interval_ms,
+            ..vmtier_sources::DamonConfig::default()
+        };
+        let d = self.damon;
+        c.attrs.sample_us = d.sample_us;
+        c.attrs.aggr_us = d.aggr_us;
+        c.attrs.min_nr_regions = d.min_nr_regions;
+        c.attrs.max_nr_regions = d.max_nr_regions;
+        c
+    }
 }
 
 /// `[daemon] refresh`: how the periodic placement refresh reads where pages are.
@@ -272,6 +330,7 @@ impl Default for DaemonConfig {
             kmod_engine: CopyEngine::Auto,
             kmod_workers: 0,
             detail_percent: 0,
+            damon: DamonAttrs::default(),
         }
     }
 }
@@ -362,6 +421,37 @@ impl Config {
                 return Err(Error::Invalid(format!(
                     "{key} {node} is not a node id (0 to {})",
                     MAX_NODES - 1
+                )));
+            }
+        }
+        let a = d.damon;
+        let damon: [(&str, u64, RangeInclusive<u64>, &str); 4] = [
+            ("damon.sample_us", a.sample_us, DAMON_SAMPLE_US, " µs"),
+            (
+                "damon.aggr_us",
+                a.aggr_us,
+                a.sample_us..=DAMON_MAX_AGGR_US,
+                " µs (sample_us to 60 s)",
+            ),
+            (
+                "damon.max_nr_regions",
+                a.max_nr_regions,
+                DAMON_MAX_REGIONS,
+                "",
+            ),
+            (
+                "damon.min_nr_regions",
+                a.min_nr_regions,
+                3..=a.max_nr_regions,
+                " (3 to max_nr_regions)",
+            ),
+        ];
+        for (key, value, range, what) in damon {
+            if !range.contains(&value) {
+                return Err(Error::Invalid(format!(
+                    "{key} {value} is out of range: {} to {}{what}",
+                    range.start(),
+                    range.end()
                 )));
             }
         }
@@ -544,6 +634,35 @@ mod tests {
             HostVirtAddr::new(0x7f00_0000_0000)
         );
         assert_eq!(cfg.vms[1].budget, ByteSize(1 << 30));
+        // DAMON's defaults, its ring sized for the 500 ms tick.
+        let d = cfg.daemon.damon_config();
+        assert_eq!(
+            (d.tick_ms, d.attrs.sample_us, d.attrs.aggr_us),
+            (500, 5000, 100_000)
+        );
+        assert_eq!(
+            (d.attrs.min_nr_regions, d.attrs.max_nr_regions),
+            (520, 1560)
+        );
+    }
+
+    #[test]
+    fn damon_attributes_reach_the_source() {
+        let cfg = Config::parse(
+            "[daemon]\ninterval_ms = 2000\n[daemon.damon]\nsample_us = 2000\naggr_us = 200000\nmin_nr_regions = 520\nmax_nr_regions = 1560\n",
+        )
+        .unwrap();
+        let d = cfg.daemon.damon_config();
+        assert_eq!(d.tick_ms, 2000);
+        let a = d.attrs;
+        assert_eq!(
+            (a.sample_us, a.aggr_us, a.min_nr_regions, a.max_nr_regions),
+            (2000, 200_000, 520, 1560)
+        );
+        assert_eq!(
+            a.update_us, 1_000_000,
+            "not configurable: no effect with fvaddr"
+        );
     }
 
     #[test]
@@ -568,6 +687,14 @@ mod tests {
             ("[daemon]\nrefresh_ticks = 1000001\n", "refresh_ticks 1000001 is out of range: 0 to 1000000"),
             ("[daemon]\nkmod_workers = 65\n", "kmod_workers 65 is out of range: 0 to 64"),
             ("[daemon]\ndetail_percent = 101\n", "detail_percent 101 is out of range: 0 to 100"),
+            ("[daemon.damon]\nsample_us = 99\n", "damon.sample_us 99 is out of range: 100 to 1000000 µs"),
+            ("[daemon.damon]\naggr_us = 4999\n", "damon.aggr_us 4999 is out of range: 5000 to 60000000 µs (sample_us to 60 s)"),
+            ("[daemon.damon]\naggr_us = 60000001\n", "damon.aggr_us 60000001 is out of range"),
+            ("[daemon.damon]\nmax_nr_regions = 10001\n", "damon.max_nr_regions 10001 is out of range: 3 to 10000"),
+            ("[daemon.damon]\nmin_nr_regions = 2\n", "damon.min_nr_regions 2 is out of range: 3 to 1560 (3 to max_nr_regions)"),
+            ("[daemon.damon]\nmax_nr_regions = 300\n", "damon.min_nr_regions 520 is out of range: 3 to 300"),
+            ("[daemon.damon]\nmax_regions = 300\n", "unknown field `max_regions`"),
+            ("[daemon.damon]\nsample_us = -1\n", "line 2, column 13"),
             ("[daemon]\ndetail_percent = 256\n", "line 2, column 18"),
             ("[daemon]\ngranule = \"4K\"\ndetail_percent = 20\n", "detail_percent needs granule = \"2M\" (granule is 4 KiB)"),
             ("[daemon]\nkmod_workers = 4294967296\n", "line 2, column 16"),

@@ -139,10 +139,11 @@ fn node_in_list(list: &str, n: u32) -> bool {
 /// A source factory as `parts::build` makes one.
 fn source_factory(cfg: &Config) -> SourceFactory {
     let choice = cfg.daemon.source;
+    let damon = cfg.daemon.damon_config();
     Box::new(move |layout: &GuestMemoryLayout| {
         let opts = SelectOptions {
             choice,
-            ..SelectOptions::default()
+            damon: damon.clone(),
         };
         let sel = vmtier_sources::select(&opts, layout).map_err(|e| error_chain(&e))?;
         Ok((sel.source, sel.reason))

@@ -33,10 +33,11 @@ pub fn build(cfg: &Config, vm: &VmConfig) -> Result<VmParts, String> {
         (None, None) => return Err("no backend (qmp or pid)".into()),
     };
     let choice = cfg.daemon.source;
+    let damon = cfg.daemon.damon_config();
     let source: SourceFactory = Box::new(move |layout: &GuestMemoryLayout| {
         let opts = SelectOptions {
             choice,
-            ..SelectOptions::default()
+            damon: damon.clone(),
         };
         let sel = vmtier_sources::select(&opts, layout).map_err(|e| err(&e))?;
         Ok((sel.source, sel.reason))

@@ -6,7 +6,7 @@
 //! with a one-line reason for the daemon's log:
 //!
 //! ```text
-//! hotness source: damon-vaddr (DAMON fvaddr on kdamond 0, 5000 µs samples, every 100 ms aggregation window via the damon_aggregated tracepoint, 2048 KiB ring)
+//! hotness source: damon-vaddr (DAMON fvaddr on kdamond 0, 5000 µs samples, 520-1560 regions, every 100 ms aggregation window via the damon_aggregated tracepoint, 2048 KiB ring)
 //! hotness source: soft-dirty via PAGEMAP_SCAN (DAMON vaddr unavailable: No DAMON sysfs at /sys/kernel/mm/damon/admin)
 //! ```
 

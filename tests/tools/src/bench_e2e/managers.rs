@@ -28,6 +28,8 @@ pub struct Env<'a> {
     pub dir: PathBuf,
     /// Extra `[daemon.policy_params]` lines for vmtierd.
     pub vmtierd_params: &'a str,
+    /// Extra `[daemon.damon]` lines.
+    pub vmtierd_damon: &'a str,
 }
 
 /// One manager of the guest's placement.
@@ -131,15 +133,16 @@ impl Manager for Vmtierd {
             env.qmp.display(),
             env.budget.0 >> 10
         );
-        let config = if env.vmtierd_params.is_empty() {
-            config
-        } else {
-            config.replacen(
-                "\n\n[[vm]]",
-                &format!("\n[daemon.policy_params]\n{}\n\n[[vm]]", env.vmtierd_params),
-                1,
-            )
-        };
+        let mut extra = String::new();
+        for (table, lines) in [
+            ("daemon.policy_params", env.vmtierd_params),
+            ("daemon.damon", env.vmtierd_damon),
+        ] {
+            if !lines.is_empty() {
+                extra.push_str(&format!("\n[{table}]\n{lines}\n"));
+            }
+        }
+        let config = config.replacen("\n\n[[vm]]", &format!("{extra}\n\n[[vm]]"), 1);
         let d = Daemon::start(&env.dir, &socket, &config).map_err(|e| e.to_string())?;
         let log = d.log_text();
         for key in ["hotness source:", "migrator:"] {
@@ -274,7 +277,7 @@ impl Kdamond {
         };
         let ctx = damon::Context {
             ops: ops.into(),
-            // The attributes vmtierd's source uses (min_nr_regions 333): finer regions
+            // The attributes vmtierd's source uses (520-1560 regions): finer regions
             // than DAMON's default of 10, which helps DAMOS as much as vmtierd.
             attrs: vmtier_sources::damon::DamonConfig::default().attrs,
             targets: vec![damon::Target {

@@ -93,6 +93,10 @@ pub struct BenchE2eArgs {
     /// false` (empty: its defaults).
     #[arg(long, default_value = "")]
     vmtierd_params: String,
+    /// Extra `[daemon.damon]` lines for vmtierd's DAMON, e.g. `max_nr_regions = 1560`
+    /// (empty: its defaults).
+    #[arg(long, default_value = "")]
+    vmtierd_damon: String,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -568,6 +572,7 @@ fn run_one(
         damos_quota: a.damos_quota,
         node_ranges: cx.node_ranges,
         vmtierd_params: &a.vmtierd_params,
+        vmtierd_damon: &a.vmtierd_damon,
         dir: std::env::var("VMTIER_RUN")
             .map_or_else(|_| std::env::temp_dir(), PathBuf::from)
             .join("bench-e2e"),
@@ -724,6 +729,7 @@ fn run_one(
         "emulated": cx.emulated,
         "ram_policy": a.policy,
         "vmtierd_params": a.vmtierd_params,
+        "vmtierd_damon": a.vmtierd_damon,
         "node0_watermarks": wm.to_json(),
         "vmstat_delta": vmstat,
         "t_s": w.t_s,
