@@ -331,6 +331,10 @@ impl Run<'_> {
     }
 }
 
+/// `[daemon.damon]` region limits the daemon checks give vmtierd: not its defaults (520 /
+/// 1560), so a kdamond found with them shows the setting reached DAMON.
+const DAMON_REGIONS: (u64, u64) = (500, 1500);
+
 pub fn run(c: &mut Checks, a: &DaemonArgs) {
     let dir = std::env::var("VMTIER_RUN")
         .map_or_else(|_| std::env::temp_dir(), PathBuf::from)
@@ -381,11 +385,14 @@ pub fn run(c: &mut Checks, a: &DaemonArgs) {
     let socket = std::env::temp_dir().join(format!("vmtierd-{}.sock", std::process::id()));
     let config = format!(
         "[daemon]\nsocket = \"{}\"\ninterval_ms = {}\nrate_limit_mbps = 2000\nsource = \"{}\"\nmigrator = \"{}\"\n\n\
+         [daemon.damon]\nmin_nr_regions = {}\nmax_nr_regions = {}\n\n\
          [[vm]]\nname = \"guest\"\nqmp = \"{}\"\nbudget = \"{}K\"\n",
         socket.display(),
         a.interval_ms,
         a.source,
         a.migrator,
+        DAMON_REGIONS.0,
+        DAMON_REGIONS.1,
         g.qmp.display(),
         a.budget.0 >> 10
     );
@@ -415,6 +422,28 @@ pub fn run(c: &mut Checks, a: &DaemonArgs) {
         "vmtierd logs its hotness source",
         source_line.trim(),
     );
+    if source_line.contains("damon-vaddr") {
+        let slot = source_line
+            .split("on kdamond ")
+            .nth(1)
+            .and_then(|t| t.split(',').next())
+            .unwrap_or("?");
+        let attrs =
+            format!("/sys/kernel/mm/damon/admin/kdamonds/{slot}/contexts/0/monitoring_attrs");
+        let read = |f: &str| {
+            std::fs::read_to_string(format!("{attrs}/{f}"))
+                .map_or_else(|e| e.to_string(), |v| v.trim().to_owned())
+        };
+        let got = (read("nr_regions/min"), read("nr_regions/max"));
+        c.check(
+            got == (DAMON_REGIONS.0.to_string(), DAMON_REGIONS.1.to_string()),
+            "the kdamond runs with [daemon.damon]'s region limits",
+            format!(
+                "kdamond {slot}: min {} max {} (configured {} {})",
+                got.0, got.1, DAMON_REGIONS.0, DAMON_REGIONS.1
+            ),
+        );
+    }
     let (ok, list) = d.ctl(&["list"]);
     c.check(
         ok && list.contains("guest") && list.contains("active"),
