@@ -332,7 +332,8 @@ impl Run<'_> {
 }
 
 /// `[daemon.damon]` region limits the daemon checks give vmtierd: not its defaults (520 /
-/// 1560), so a kdamond found with them shows the setting reached DAMON.
+/// 1560), so a kdamond found with them shows the setting reached DAMON. The demo runs the
+/// defaults.
 const DAMON_REGIONS: (u64, u64) = (500, 1500);
 
 pub fn run(c: &mut Checks, a: &DaemonArgs) {
@@ -383,6 +384,12 @@ pub fn run(c: &mut Checks, a: &DaemonArgs) {
     let initial = sample(&pages, hot, None, fill_start);
     // Unix sockets cannot live on the 9p share that holds the run directory.
     let socket = std::env::temp_dir().join(format!("vmtierd-{}.sock", std::process::id()));
+    let regions = if a.demo {
+        let d = vmtier_sources::damon::DamonConfig::default().attrs;
+        (d.min_nr_regions, d.max_nr_regions)
+    } else {
+        DAMON_REGIONS
+    };
     let config = format!(
         "[daemon]\nsocket = \"{}\"\ninterval_ms = {}\nrate_limit_mbps = 2000\nsource = \"{}\"\nmigrator = \"{}\"\n\n\
          [daemon.damon]\nmin_nr_regions = {}\nmax_nr_regions = {}\n\n\
@@ -391,8 +398,8 @@ pub fn run(c: &mut Checks, a: &DaemonArgs) {
         a.interval_ms,
         a.source,
         a.migrator,
-        DAMON_REGIONS.0,
-        DAMON_REGIONS.1,
+        regions.0,
+        regions.1,
         g.qmp.display(),
         a.budget.0 >> 10
     );
@@ -436,11 +443,11 @@ pub fn run(c: &mut Checks, a: &DaemonArgs) {
         };
         let got = (read("nr_regions/min"), read("nr_regions/max"));
         c.check(
-            got == (DAMON_REGIONS.0.to_string(), DAMON_REGIONS.1.to_string()),
+            got == (regions.0.to_string(), regions.1.to_string()),
             "the kdamond runs with [daemon.damon]'s region limits",
             format!(
                 "kdamond {slot}: min {} max {} (configured {} {})",
-                got.0, got.1, DAMON_REGIONS.0, DAMON_REGIONS.1
+                got.0, got.1, regions.0, regions.1
             ),
         );
     }
