@@ -2653,17 +2653,29 @@ mod tests {
         assert_eq!(hot_in_dram(&w, 0, 256 * MIB), 256 * MIB);
     }
 
+    /// An engine at `rate_mbps` with VM `g` of `len` bytes (hot set `hot`, `budget`), past
+    /// the payback rule's two warm-up ticks.
+    fn rate_limited_vm(
+        w: &World,
+        rate_mbps: u64,
+        len: u64,
+        budget: u64,
+        hot: &Arc<Mutex<(u64, u64)>>,
+    ) -> (Engine, VmId) {
+        let mut e = engine(w, rate_mbps);
+        let vm: VmId = "g".parse().unwrap();
+        e.attach(vm.clone(), ByteSize(budget), parts(w, len, hot))
+            .unwrap();
+        warm_up(&mut e, w);
+        (e, vm)
+    }
+
     #[test]
     fn rate_limit_caps_moves_per_tick() {
-        let len = 128 * MIB;
-        let w = world(len);
+        let w = world(128 * MIB);
         let hot = Arc::new(Mutex::new((0, 64 * MIB)));
         // 4 MB/s with 1 s ticks: one 2 MiB granule per tick.
-        let mut e = engine(&w, 4);
-        let vm: VmId = "g".parse().unwrap();
-        e.attach(vm.clone(), ByteSize(64 * MIB), parts(&w, len, &hot))
-            .unwrap();
-        warm_up(&mut e, &w);
+        let (mut e, vm) = rate_limited_vm(&w, 4, 128 * MIB, 64 * MIB, &hot);
         for t in 1..=3 {
             e.tick();
             assert_eq!(dram_bytes(&w), t * 2 * MIB, "tick {t}");
@@ -2675,14 +2687,9 @@ mod tests {
     fn a_move_limit_of_one_granule_still_follows_a_moving_hot_set() {
         // 4 MB/s with 1 s ticks: one 2 MiB granule per tick, so a swap (a demotion and a
         // promotion) takes two ticks. Budget full of the first hot set, then it moves.
-        let len = 64 * MIB;
-        let w = world(len);
+        let w = world(64 * MIB);
         let hot = Arc::new(Mutex::new((0, 8 * MIB)));
-        let mut e = engine(&w, 4);
-        let vm: VmId = "g".parse().unwrap();
-        e.attach(vm.clone(), ByteSize(8 * MIB), parts(&w, len, &hot))
-            .unwrap();
-        warm_up(&mut e, &w);
+        let (mut e, _) = rate_limited_vm(&w, 4, 64 * MIB, 8 * MIB, &hot);
         for _ in 0..6 {
             e.tick();
         }
