@@ -649,7 +649,7 @@ mod tests {
     #[test]
     fn damon_attributes_reach_the_source() {
         let cfg = Config::parse(
-            "[daemon]\ninterval_ms = 2000\n[daemon.damon]\nsample_us = 2000\naggr_us = 200000\nmin_nr_regions = 520\nmax_nr_regions = 1560\n",
+            "[daemon]\ninterval_ms = 2000\n[daemon.damon]\nsample_us = 2000\naggr_us = 200000\nmin_nr_regions = 600\nmax_nr_regions = 1800\n",
         )
         .unwrap();
         let d = cfg.daemon.damon_config();
@@ -657,7 +657,7 @@ mod tests {
         let a = d.attrs;
         assert_eq!(
             (a.sample_us, a.aggr_us, a.min_nr_regions, a.max_nr_regions),
-            (2000, 200_000, 520, 1560)
+            (2000, 200_000, 600, 1800)
         );
         assert_eq!(
             a.update_us, 1_000_000,
