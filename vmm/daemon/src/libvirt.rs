@@ -19,14 +19,13 @@ use std::time::{Duration, Instant};
 
 use log::{debug, info, warn};
 use vmtier_core::policy::{PlacementPolicy, TrackingSource};
-use vmtier_core::{error_chain, ByteSize, GuestMemoryLayout, VmId};
+use vmtier_core::{error_chain, ByteSize, VmId};
 use vmtier_libvirt::backend::LibvirtBackend;
 use vmtier_libvirt::conn::{DomainState, EventKind, Libvirt};
 use vmtier_libvirt::metadata::{ParamValue, Tiering};
-use vmtier_sources::SelectOptions;
 
 use crate::config::{Config, LibvirtConfig};
-use crate::engine::{Engine, Error as EngineError, SourceFactory, VmParts};
+use crate::engine::{Engine, Error as EngineError, VmParts};
 use crate::hints::HintParts;
 use vmtier_api::proto::TieringChange;
 
@@ -133,20 +132,6 @@ fn node_in_list(list: &str, n: u32) -> bool {
             (Ok(a), Ok(b)) if a <= n && n <= b
         ),
         None => p.trim().parse() == Ok(n),
-    })
-}
-
-/// A source factory as `parts::build` makes one.
-fn source_factory(cfg: &Config) -> SourceFactory {
-    let choice = cfg.daemon.source;
-    let damon = cfg.daemon.damon_config();
-    Box::new(move |layout: &GuestMemoryLayout| {
-        let opts = SelectOptions {
-            choice,
-            damon: damon.clone(),
-        };
-        let sel = vmtier_sources::select(&opts, layout).map_err(|e| error_chain(&e))?;
-        Ok((sel.source, sel.reason))
     })
 }
 
@@ -401,7 +386,7 @@ impl Follower {
         });
         let parts = VmParts {
             backend: Box::new(backend),
-            source: source_factory(cfg),
+            source: crate::parts::source_factory(cfg),
             policy,
             hints,
         };

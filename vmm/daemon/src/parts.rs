@@ -19,6 +19,22 @@ use crate::engine::{SourceFactory, VmParts};
 /// How long QMP may take to answer.
 const QMP_TIMEOUT: Duration = Duration::from_secs(10);
 
+/// The hotness source of a VM, probed when the VM is attached: `[daemon] source` and
+/// `[daemon.damon]` of `cfg`.
+pub fn source_factory(cfg: &Config) -> SourceFactory {
+    let choice = cfg.daemon.source;
+    let damon = cfg.daemon.damon_config();
+    Box::new(move |layout: &GuestMemoryLayout| {
+        let opts = SelectOptions {
+            choice,
+            damon: damon.clone(),
+        };
+        let sel =
+            vmtier_sources::select(&opts, layout).map_err(|e| vmtier_core::error_chain(&e))?;
+        Ok((sel.source, sel.reason))
+    })
+}
+
 /// Builds the parts of `vm` with the daemon-wide settings of `cfg`.
 pub fn build(cfg: &Config, vm: &VmConfig) -> Result<VmParts, String> {
     let err = |e: &dyn std::error::Error| vmtier_core::error_chain(e);
@@ -32,16 +48,7 @@ pub fn build(cfg: &Config, vm: &VmConfig) -> Result<VmParts, String> {
         ),
         (None, None) => return Err("no backend (qmp or pid)".into()),
     };
-    let choice = cfg.daemon.source;
-    let damon = cfg.daemon.damon_config();
-    let source: SourceFactory = Box::new(move |layout: &GuestMemoryLayout| {
-        let opts = SelectOptions {
-            choice,
-            damon: damon.clone(),
-        };
-        let sel = vmtier_sources::select(&opts, layout).map_err(|e| err(&e))?;
-        Ok((sel.source, sel.reason))
-    });
+    let source = source_factory(cfg);
     let policy = cfg.build_policy().map_err(|e| err(&e))?;
     let hints = vm
         .hints
