@@ -159,7 +159,8 @@ pub fn run_trace(
         move |e| Error::Sim(label, Box::new(e))
     };
     let oracle = sim::run(t, &mut Planner::Oracle, cfg).map_err(sim_err("oracle"))?;
-    let mut runs = vec![oracle.clone()];
+    let hindsight = sim::run(t, &mut Planner::Hindsight, cfg).map_err(sim_err("hindsight"))?;
+    let mut runs = vec![oracle.clone(), hindsight];
     // The default policy under `c`, reported as `label`.
     let mut default_as = |label: &str, c: Config| -> Result<(), Error> {
         let mut p = Planner::by_name("default", &c).map_err(sim_err(label))?;
@@ -227,6 +228,7 @@ pub fn run_trace(
     let ours = |p: &str| {
         p == "default"
             || p == "oracle"
+            || p == "hindsight"
             || SHIPPED.iter().any(|s| s.0 == p)
             || GRANULARITY.iter().any(|s| s.0 == p)
             || ZOOM.iter().any(|s| s.0 == p)
@@ -322,7 +324,8 @@ pub fn table(r: &TraceReport) -> String {
     let _ = writeln!(
         s,
         "  (oracle: offline and greedy — the next window's accesses, one interval of lookahead, \
-         same budget and move limit; a reference, not an upper bound)"
+         same budget and move limit; a reference, not an upper bound; hindsight: the same rule \
+         on the window just past, seen exactly — what reacting alone can reach)"
     );
     let t = &r.targets;
     let _ = writeln!(
@@ -543,21 +546,22 @@ mod tests {
         assert_eq!(
             rep.results.len(),
             vmtier_policies::registry::REGISTRY.len()
-                + 1
+                + 2
                 + SHIPPED.len()
                 + GRANULARITY.len()
                 + ZOOM.len()
                 + 1
         );
         assert_eq!(rep.results[0].policy, "oracle");
+        assert_eq!(rep.results[1].policy, "hindsight");
         assert_eq!(
             (
-                rep.results[1].policy.as_str(),
-                rep.results[1].source.as_str()
+                rep.results[2].policy.as_str(),
+                rep.results[2].source.as_str()
             ),
             ("vmtierd", "damon")
         );
-        assert_eq!(rep.results[2].source, "soft-dirty");
+        assert_eq!(rep.results[3].source, "soft-dirty");
         assert!((rep.results[0].oracle_ratio - 1.0).abs() < 1e-9);
         // vmtierd-2m's budget counts whole regions touched: more bytes than the oracle's.
         assert!(rep.results.iter().any(|r| r.policy == ZOOM_HYBRID.0));
