@@ -1019,9 +1019,7 @@ pub fn run_logged(
             .chain(e.promote.iter().map(|&g| (g, Tier::Fast)));
         for (g, to) in moves {
             let i = g.index();
-            if last_move[i] != 0 && stamp_now - last_move[i] <= cfg.pingpong_window {
-                res.pingpong_pages += granule_pages;
-            }
+            let again = last_move[i] != 0 && stamp_now - last_move[i] <= cfg.pingpong_window;
             last_move[i] = stamp_now;
             allocated[i] = true;
             if hybrid {
@@ -1030,9 +1028,17 @@ pub fn run_logged(
                 } else {
                     Step::Demote
                 };
-                moved_pages += store.apply(g, step, hot_min);
+                // A split region moves only some of its pages: count those.
+                let pages = store.apply(g, step, hot_min);
+                moved_pages += pages;
+                if again {
+                    res.pingpong_pages += pages;
+                }
                 moved += 1;
                 continue;
+            }
+            if again {
+                res.pingpong_pages += granule_pages;
             }
             store.mark_moved(g, to);
             if to == Tier::Fast {
@@ -1262,6 +1268,31 @@ mod tests {
             run(&Trace::new(12, 64), &mut Planner::Oracle, &cfg()),
             Err(Error::EmptyTrace)
         ));
+        Ok(())
+    }
+
+    #[test]
+    fn hybrid_ping_pong_counts_the_pages_that_moved() -> Result<(), Error> {
+        // A split region moves only some of its pages; a region moved again within the
+        // window adds those pages to the ping-pong count, not all 512 of the region.
+        for kind in [Kind::Zipf, Kind::MovingHot, Kind::Phases] {
+            let c = Config {
+                source: Some(SourceName::Damon),
+                granule_pages_log2: 9,
+                detail_percent: 100,
+                fast_permille: 100,
+                ..cfg()
+            };
+            let t = small(kind);
+            let r = run(&t, &mut Planner::by_name("default", &c)?, &c)?;
+            let moved_pages = r.bytes_migrated / 4096;
+            assert!(moved_pages > 0, "{kind:?}: nothing moved");
+            assert!(
+                r.pingpong_pages <= moved_pages,
+                "{kind:?}: {} ping-pong pages of {moved_pages} moved",
+                r.pingpong_pages
+            );
+        }
         Ok(())
     }
 
