@@ -664,6 +664,8 @@ pub fn run_logged(
     let mut observed: Vec<u16> = Vec::new();
     let mut future: Vec<u64> = Vec::new();
     let mut last_move = vec![0u64; n];
+    // Hybrid tracking moves pages, not regions: when each 4 KiB page last moved.
+    let mut page_move = vec![0u64; if hybrid { trace.pages as usize } else { 0 }];
     let mut next_sample = u64::from(cfg.sample_period);
 
     let mut res = RunResult {
@@ -1028,12 +1030,10 @@ pub fn run_logged(
                 } else {
                     Step::Demote
                 };
-                // A split region moves only some of its pages: count those.
-                let pages = store.apply(g, step, hot_min);
-                moved_pages += pages;
-                if again {
-                    res.pingpong_pages += pages;
-                }
+                // A split region moves only some of its pages: each page counts on its own.
+                res.pingpong_pages +=
+                    stamp_pages(&store, &mut page_move, (g, step, hot_min), stamp_now, cfg);
+                moved_pages += store.apply(g, step, hot_min);
                 moved += 1;
                 continue;
             }
@@ -1052,6 +1052,8 @@ pub fn run_logged(
             // Split regions in DRAM follow their pages, as the engine's touch-ups.
             let left = moves_pages.saturating_sub(fitted);
             for (g, step) in store.touch_up_plan(hot_min, budget_pages * page_bytes, left) {
+                res.pingpong_pages +=
+                    stamp_pages(&store, &mut page_move, (g, step, hot_min), stamp_now, cfg);
                 moved_pages += store.apply(g, step, hot_min);
                 moved += 1;
             }
@@ -1148,6 +1150,33 @@ fn outside(start: u32, end: u32, ranges: &[(u32, u32)]) -> Vec<(u32, u32)> {
 }
 
 /// Where the simulated guest RAM sits in the simulated VMM: one range, huge-page aligned.
+/// Stamps the 4 KiB pages that `step` of region `g` moves (hybrid tracking) with `now`;
+/// returns how many of them had moved within `cfg.pingpong_window` ticks before.
+fn stamp_pages(
+    store: &HotnessStore,
+    stamps: &mut [u64],
+    (g, step, hot_min): (Granule, Step, u8),
+    now: u64,
+    cfg: &Config,
+) -> u64 {
+    let mut addrs = Vec::new();
+    store.pages_of(g, step, hot_min, &mut addrs);
+    let mut again = 0u64;
+    for a in addrs {
+        let Some(stamp) = usize::try_from((a.raw() - SIM_BASE) / PageSize::Base.bytes())
+            .ok()
+            .and_then(|p| stamps.get_mut(p))
+        else {
+            continue;
+        };
+        if *stamp != 0 && now - *stamp <= cfg.pingpong_window {
+            again += 1;
+        }
+        *stamp = now;
+    }
+    again
+}
+
 const SIM_BASE: u64 = 0x7f00_0000_0000;
 
 /// The layout of a simulated guest with `pages` 4 KiB pages.
@@ -1273,8 +1302,8 @@ mod tests {
 
     #[test]
     fn hybrid_ping_pong_counts_the_pages_that_moved() -> Result<(), Error> {
-        // A split region moves only some of its pages; a region moved again within the
-        // window adds those pages to the ping-pong count, not all 512 of the region.
+        // A split region moves only some of its pages, by the plan or by a touch-up; a page
+        // that moves again within the window counts once, not all 512 of its region.
         for kind in [Kind::Zipf, Kind::MovingHot, Kind::Phases] {
             let c = Config {
                 source: Some(SourceName::Damon),
