@@ -643,7 +643,10 @@ impl HotnessStore {
 
     /// What to run of [`Self::touch_ups`] this tick: at most `move_pages` pages, trims first,
     /// then promotions whose pages fit in the DRAM left under `budget_bytes` (counted before
-    /// the trims, which may fail).
+    /// the trims, which may fail). Trims run only while the touch-ups' promotions want more
+    /// pages than that room (or the fast tier is over the budget), and only until they would
+    /// free the difference: a trim makes room, and without a page waiting for it, it moves a
+    /// cold page out of DRAM the budget does not need, which comes back at its next access.
     pub fn touch_up_plan(
         &self,
         hot_min: u8,
@@ -651,18 +654,44 @@ impl HotnessStore {
         move_pages: u64,
     ) -> Vec<(Granule, Step)> {
         let mut left = move_pages;
-        let mut room = budget_bytes.saturating_sub(self.tier_bytes().fast) / 4096;
-        let mut out = Vec::new();
-        for (g, step) in self.touch_ups(hot_min) {
-            let Some(pages) = self.detail(g) else {
-                continue;
-            };
-            let n = match step {
+        let fast = self.tier_bytes().fast;
+        let mut room = budget_bytes.saturating_sub(fast) / 4096;
+        let over = fast.saturating_sub(budget_bytes).div_ceil(4096);
+        let ups = self.touch_ups(hot_min);
+        let count = |g: Granule, step: Step| -> u64 {
+            self.detail(g).map_or(0, |pages| match step {
                 Step::Promote => hybrid::promote_count(pages, hot_min),
                 _ => hybrid::select(pages, step, hot_min).count(),
-            } as u64;
+            } as u64)
+        };
+        // Pages that would take DRAM if they could: hot slow pages of split regions, and
+        // every page of a hot whole region on the slow tier.
+        let mut wanted = 0u64;
+        for (i, r) in self.records.iter().enumerate() {
+            let g = Granule(u32::try_from(i).unwrap_or(u32::MAX));
+            wanted += match self.detail(g) {
+                Some(pages) => hybrid::promote_count(pages, hot_min) as u64,
+                None if !r.is_fast() && r.heat() >= hot_min.max(1) => {
+                    self.span(g).map_or(0, |sp| sp.len / 4096)
+                }
+                None => 0,
+            };
+        }
+        let mut to_free = wanted.saturating_sub(room).saturating_add(over);
+        let mut out = Vec::new();
+        for (g, step) in ups {
+            if self.detail(g).is_none() {
+                continue;
+            }
+            let n = count(g, step);
             if n > left || (step == Step::Promote && n > room) {
                 continue;
+            }
+            if step == Step::Trim {
+                if to_free == 0 {
+                    continue;
+                }
+                to_free = to_free.saturating_sub(n);
             }
             left -= n;
             if step == Step::Promote {
@@ -1406,6 +1435,45 @@ mod tests {
         assert!(s.detail(Granule(1)).is_none());
         let st = s.detail_stats();
         assert_eq!((st.split, st.splits, st.merges), (0, 2, 2));
+    }
+
+    #[test]
+    fn trims_only_make_room_that_is_wanted() {
+        let m2 = 2u64 << 20;
+        // r0 whole and r1's first 16 pages promoted, then four ticks in which only r3 may be
+        // seen: r1's fast pages cool to heat 1, below half of `hot_min` (4).
+        // (case, budget, r3 seen hot, whether r1 is trimmed)
+        let cases = [
+            ("room to spare, nothing waits", 4 * m2, false, false),
+            ("room for the hot slow region", 4 * m2, true, false),
+            (
+                "a hot slow region waits, no room",
+                m2 + (64 << 10),
+                true,
+                true,
+            ),
+            ("over the budget", m2, false, true),
+        ];
+        for (case, budget, hot3, want) in cases {
+            let mut s = hybrid(4, 100);
+            s.tick();
+            s.observe(&[
+                acc(A, m2, 20),
+                acc(A + m2, 64 << 10, 20),
+                acc(A + m2 + (64 << 10), m2 - (64 << 10), 0),
+            ]);
+            assert_eq!(s.apply(Granule(0), Step::Promote, 4), 512, "{case}");
+            assert_eq!(s.apply(Granule(1), Step::Promote, 4), 16, "{case}");
+            let r3 = [acc(A + 3 * m2, m2, 20)];
+            for _ in 0..4 {
+                s.tick();
+                s.observe(if hot3 { &r3 } else { &[] });
+            }
+            assert_eq!(s.touch_ups(4), vec![(Granule(1), Step::Trim)], "{case}");
+            let plan = s.touch_up_plan(4, budget, 1 << 20);
+            let trimmed = plan.contains(&(Granule(1), Step::Trim));
+            assert_eq!(trimmed, want, "{case}: {plan:?}");
+        }
     }
 
     #[test]
