@@ -664,18 +664,49 @@ impl HotnessStore {
                 _ => hybrid::select(pages, step, hot_min).count(),
             } as u64)
         };
-        // Pages that would take DRAM if they could: hot slow pages of split regions, and
-        // every page of a hot whole region on the slow tier.
+        // Pages that would take DRAM if they could: every page of a hot whole region on the
+        // slow tier, then the hot slow pages of split regions (heat at least `hot_min`);
+        // counted only as far as it matters (past the room left plus every trim, all run).
+        let trims: u64 = ups
+            .iter()
+            .filter(|u| u.1 == Step::Trim)
+            .map(|&(g, st)| count(g, st))
+            .sum();
+        let enough = room.saturating_add(trims);
+        let region_pages = self.granule_bytes / 4096;
         let mut wanted = 0u64;
-        for (i, r) in self.records.iter().enumerate() {
-            let g = Granule(u32::try_from(i).unwrap_or(u32::MAX));
-            wanted += match self.detail(g) {
-                Some(pages) => hybrid::promote_count(pages, hot_min) as u64,
-                None if !r.is_fast() && r.heat() >= hot_min.max(1) => {
-                    self.span(g).map_or(0, |sp| sp.len / 4096)
+        if trims > over {
+            for (i, r) in self.records.iter().enumerate() {
+                if wanted >= enough {
+                    break;
                 }
-                None => 0,
-            };
+                let split = self.detail.as_ref().is_some_and(|d| d.slot(i).is_some());
+                if !r.is_fast() && r.heat() >= hot_min.max(1) && !split {
+                    wanted += region_pages;
+                }
+            }
+            // A page is never hotter than its region's record (both cool alike, and a tick
+            // adds the region its hottest report's gain), so colder regions are skipped.
+            let hot = hot_min.max(1);
+            if let Some(d) = self.detail.as_ref() {
+                for (slot, &region) in d.owner.iter().enumerate() {
+                    if wanted >= enough {
+                        break;
+                    }
+                    let cold = self
+                        .records
+                        .get(region as usize)
+                        .is_none_or(|r| r.heat() < hot);
+                    if region == NO_SLOT || cold {
+                        continue;
+                    }
+                    let pages = d.pages(slot);
+                    wanted += pages
+                        .iter()
+                        .filter(|p| !p.is_fast() && p.heat() >= hot)
+                        .count() as u64;
+                }
+            }
         }
         let mut to_free = wanted.saturating_sub(room).saturating_add(over);
         let mut out = Vec::new();
