@@ -693,10 +693,10 @@ impl HotnessStore {
                     if wanted >= enough {
                         break;
                     }
-                    let cold = self
+                    let cold = !self
                         .records
                         .get(region as usize)
-                        .is_none_or(|r| r.heat() < hot);
+                        .is_some_and(|r| r.heat() >= hot);
                     if region == NO_SLOT || cold {
                         continue;
                     }
