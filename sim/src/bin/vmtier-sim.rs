@@ -408,7 +408,7 @@ fn cmd_report(args: &[String]) -> Result<(), Error> {
         .filter(|r| r.targets.meets_bytes_target)
         .count();
     println!(
-        "vmtierd as shipped: ≥95% of the greedy oracle on {met}/{} trace×budget cases; at or above the best baseline with ≤ its bytes on {met_b}/{}",
+        "vmtierd as shipped (4 KiB granules): ≥95% of the greedy oracle on {met}/{} trace×budget cases; at or above the best baseline with ≤ its bytes on {met_b}/{}",
         reports.len(),
         reports.len()
     );
