@@ -643,10 +643,12 @@ impl HotnessStore {
 
     /// What to run of [`Self::touch_ups`] this tick: at most `move_pages` pages, trims first,
     /// then promotions whose pages fit in the DRAM left under `budget_bytes` (counted before
-    /// the trims, which may fail). Trims run only while the touch-ups' promotions want more
-    /// pages than that room (or the fast tier is over the budget), and only until they would
-    /// free the difference: a trim makes room, and without a page waiting for it, it moves a
-    /// cold page out of DRAM the budget does not need, which comes back at its next access.
+    /// the trims, which may fail). Trims run only while pages waiting for DRAM — every page of
+    /// a hot whole region on the slow tier, the slow pages at `hot_min` or more of split
+    /// regions — exceed that room (or the fast tier is over the budget), and only until they
+    /// would free the difference: a trim makes room, and without a page waiting for it, it
+    /// moves a cold page out of DRAM the budget does not need, which comes back at its next
+    /// access (docs/policies.md, "Trims only for wanted room").
     pub fn touch_up_plan(
         &self,
         hot_min: u8,
@@ -673,6 +675,7 @@ impl HotnessStore {
             .map(|&(g, st)| count(g, st))
             .sum();
         let enough = room.saturating_add(trims);
+        // A region cut short by the end of a RAM range counts as whole: a little more demand.
         let region_pages = self.granule_bytes / 4096;
         let mut wanted = 0u64;
         if trims > over {
