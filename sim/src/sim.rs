@@ -1149,7 +1149,6 @@ fn outside(start: u32, end: u32, ranges: &[(u32, u32)]) -> Vec<(u32, u32)> {
     out
 }
 
-/// Where the simulated guest RAM sits in the simulated VMM: one range, huge-page aligned.
 /// Stamps the 4 KiB pages that `step` of region `g` moves (hybrid tracking) with `now`;
 /// returns how many of them had moved within `cfg.pingpong_window` ticks before.
 fn stamp_pages(
@@ -1163,13 +1162,15 @@ fn stamp_pages(
     store.pages_of(g, step, hot_min, &mut addrs);
     let mut again = 0u64;
     for a in addrs {
-        let Some(stamp) = usize::try_from((a.raw() - SIM_BASE) / PageSize::Base.bytes())
-            .ok()
+        let Some(stamp) = a
+            .raw()
+            .checked_sub(SIM_BASE)
+            .and_then(|off| usize::try_from(off / PageSize::Base.bytes()).ok())
             .and_then(|p| stamps.get_mut(p))
         else {
             continue;
         };
-        if *stamp != 0 && now - *stamp <= cfg.pingpong_window {
+        if *stamp != 0 && now.saturating_sub(*stamp) <= cfg.pingpong_window {
             again += 1;
         }
         *stamp = now;
@@ -1177,6 +1178,7 @@ fn stamp_pages(
     again
 }
 
+/// Where the simulated guest RAM sits in the simulated VMM: one range, huge-page aligned.
 const SIM_BASE: u64 = 0x7f00_0000_0000;
 
 /// The layout of a simulated guest with `pages` 4 KiB pages.
