@@ -970,26 +970,25 @@ pub fn run_logged(
                 };
                 p.plan(&input)
             }
-            Planner::Oracle => {
+            Planner::Oracle | Planner::Hindsight => {
+                // Scores per granule: the window planned for (the next one; for hindsight the
+                // one just replayed) weighs 2^32, the others break ties (the oracle's later
+                // windows, hindsight's window before).
+                let windows: Vec<u64> = if matches!(planner, Planner::Oracle) {
+                    (1..=u64::from(cfg.oracle_lookahead.max(1)))
+                        .map(|w| tick + w)
+                        .collect()
+                } else {
+                    [Some(tick), tick.checked_sub(1)]
+                        .into_iter()
+                        .flatten()
+                        .collect()
+                };
                 future.clear();
                 future.resize(n, 0);
-                for w in 1..=u64::from(cfg.oracle_lookahead.max(1)) {
-                    let at = |t: u64| bounds.get(t as usize).copied().unwrap_or(total) as usize;
-                    let (flo, fhi) = (at(tick + w), at(tick + w + 1));
-                    let inc = if w == 1 { 1u64 << 32 } else { 1 };
-                    for &p in &trace.accesses[flo..fhi] {
-                        future[(p >> gshift) as usize] += inc;
-                    }
-                }
-                crate::oracle::plan(records, &future, budget, max_moves)
-            }
-            Planner::Hindsight => {
-                future.clear();
-                future.resize(n, 0);
-                for w in 0..2u64 {
-                    let Some(t) = tick.checked_sub(w) else { break };
-                    let at = |t: u64| bounds.get(t as usize).copied().unwrap_or(total) as usize;
-                    let inc = if w == 0 { 1u64 << 32 } else { 1 };
+                let at = |t: u64| bounds.get(t as usize).copied().unwrap_or(total) as usize;
+                for (k, &t) in windows.iter().enumerate() {
+                    let inc = if k == 0 { 1u64 << 32 } else { 1 };
                     for &p in &trace.accesses[at(t)..at(t + 1)] {
                         future[(p >> gshift) as usize] += inc;
                     }

@@ -659,21 +659,23 @@ impl HotnessStore {
         let fast = self.tier_bytes().fast;
         let mut room = budget_bytes.saturating_sub(fast) / 4096;
         let over = fast.saturating_sub(budget_bytes).div_ceil(4096);
-        let ups = self.touch_ups(hot_min);
-        let count = |g: Granule, step: Step| -> u64 {
-            self.detail(g).map_or(0, |pages| match step {
-                Step::Promote => hybrid::promote_count(pages, hot_min),
-                _ => hybrid::select(pages, step, hot_min).count(),
-            } as u64)
-        };
+        // Each touch-up with the pages it moves (split regions only), counted once.
+        let ups: Vec<(Granule, Step, u64)> = self
+            .touch_ups(hot_min)
+            .into_iter()
+            .filter_map(|(g, step)| {
+                let pages = self.detail(g)?;
+                let n = match step {
+                    Step::Promote => hybrid::promote_count(pages, hot_min),
+                    _ => hybrid::select(pages, step, hot_min).count(),
+                };
+                Some((g, step, n as u64))
+            })
+            .collect();
         // Pages that would take DRAM if they could: every page of a hot whole region on the
         // slow tier, then the hot slow pages of split regions (heat at least `hot_min`);
         // counted only as far as it matters (past the room left plus every trim, all run).
-        let trims: u64 = ups
-            .iter()
-            .filter(|u| u.1 == Step::Trim)
-            .map(|&(g, st)| count(g, st))
-            .sum();
+        let trims: u64 = ups.iter().filter(|u| u.1 == Step::Trim).map(|u| u.2).sum();
         let enough = room.saturating_add(trims);
         // A region cut short by the end of a RAM range counts as whole: a little more demand.
         let region_pages = self.granule_bytes / 4096;
@@ -713,11 +715,7 @@ impl HotnessStore {
         }
         let mut to_free = wanted.saturating_sub(room).saturating_add(over);
         let mut out = Vec::new();
-        for (g, step) in ups {
-            if self.detail(g).is_none() {
-                continue;
-            }
-            let n = count(g, step);
+        for (g, step, n) in ups {
             if n > left || (step == Step::Promote && n > room) {
                 continue;
             }
