@@ -157,8 +157,8 @@ fn time_hybrid(pages_log2: u32, rng: &mut Rng) -> Result<Hybrid, sim::Error> {
         track_ms += t.elapsed().as_secs_f64() * 1e3;
 
         let t = Instant::now();
-        let hot_min = hybrid::hot_min(HeatRecord::HEAT_GAIN).max(store.page_cutoff(budget));
-        let fast_budget = store.policy_budget(budget, hot_min);
+        let b = store.plan_budget(budget, hybrid::hot_min(HeatRecord::HEAT_GAIN));
+        let (hot_min, fast_budget) = (b.hot_min, b.granules);
         let input =
             PolicyInput::from_records(tick, 2 << 20, store.records(), fast_budget, max_moves);
         let plan = p.plan(&input);

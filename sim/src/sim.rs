@@ -568,7 +568,9 @@ pub fn run_logged(
         let pages = seen.iter().filter(|&&t| t).count() as u64;
         let b = (pages * u64::from(cfg.fast_permille) / 1000).max(1);
         let m = (b * u64::from(cfg.move_permille) / 1000).max(1);
-        budget = store.policy_budget(b * page_bytes, vmtier_core::hybrid::HOT_MIN);
+        budget = store
+            .plan_budget(b * page_bytes, vmtier_core::hybrid::HOT_MIN)
+            .granules;
         // The policy's limit in regions is the limit in pages; `fit` holds the real one.
         max_moves = m;
         (b, m)
@@ -944,10 +946,13 @@ pub fn run_logged(
         };
 
         // Plan.
-        let hot_min = vmtier_core::hybrid::hot_min(max_gain)
-            .max(store.page_cutoff(budget_pages * page_bytes));
+        let b = store.plan_budget(
+            budget_pages * page_bytes,
+            vmtier_core::hybrid::hot_min(max_gain),
+        );
+        let hot_min = b.hot_min;
         if hybrid {
-            budget = store.policy_budget(budget_pages * page_bytes, hot_min);
+            budget = b.granules;
         }
         store.split_regions(&mut split);
         let records = store.records();

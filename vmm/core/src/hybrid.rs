@@ -65,18 +65,7 @@ impl RegionSeen {
 /// Whether a split region's pages are uniform again (merge): all on one tier, heats within
 /// [`MERGE_SPREAD`].
 pub fn uniform(pages: &[HeatRecord]) -> bool {
-    let Some(first) = pages.first() else {
-        return true;
-    };
-    let (mut lo, mut hi) = (first.heat(), first.heat());
-    for p in pages {
-        if p.is_fast() != first.is_fast() {
-            return false;
-        }
-        lo = lo.min(p.heat());
-        hi = hi.max(p.heat());
-    }
-    hi - lo <= MERGE_SPREAD
+    Census::of(pages).uniform()
 }
 
 /// Which pages of a split region a move takes.
@@ -137,49 +126,154 @@ pub fn page_cutoff(pages: &PagesByHeat, budget_pages: u64) -> u8 {
     0
 }
 
-/// How many pages [`select`] with [`Step::Promote`] picks, in one pass.
-pub fn promote_count(pages: &[HeatRecord], hot_min: u8) -> usize {
-    let mut slow = [0usize; HeatRecord::MAX_HEAT as usize + 1];
-    let mut hottest = 0;
-    for p in pages {
-        hottest = hottest.max(p.heat());
-        if !p.is_fast() {
-            slow[usize::from(p.heat())] += 1;
+/// A split region's pages counted by tier and heat, in one pass over them: everything the
+/// planning rules ask of a region ([`page_cutoff`]'s heats, [`select`]'s counts, whether
+/// [`touch_up`] has work), without walking its pages again for each question. Planning a
+/// 1 TiB guest asks these of tens of thousands of split regions each tick (docs/policies.md,
+/// "Scale").
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Census {
+    /// `slow[h]`: pages on the slow tier at heat `h`.
+    slow: [u16; HEATS],
+    /// `fast[h]`: pages on the fast tier at heat `h`.
+    fast: [u16; HEATS],
+}
+
+impl Census {
+    /// Counts `pages` (at most `u16::MAX` of them; a region has [`REGION_PAGES`]).
+    pub fn of(pages: &[HeatRecord]) -> Self {
+        // Pages come in runs of one tier and heat (a report covers a range and gives each of
+        // its pages the same gain): eight at a time, a run of eight is one count.
+        const MASK: u64 = u64::from_le_bytes([HeatRecord::TIER_HEAT_BITS; 8]);
+        const ONES: u64 = u64::from_le_bytes([1; 8]);
+        let mut t = [0u16; HeatRecord::TIER_HEATS];
+        let mut eights = pages.chunks_exact(8);
+        for e in eights.by_ref() {
+            let w = u64::from_le_bytes(std::array::from_fn(|i| e[i].to_byte())) & MASK;
+            let first = w & 0xff;
+            if w == first * ONES {
+                let n = &mut t[first as usize];
+                *n = n.wrapping_add(8);
+            } else {
+                for p in e {
+                    let n = &mut t[p.tier_heat()];
+                    *n = n.wrapping_add(1);
+                }
+            }
+        }
+        for p in eights.remainder() {
+            let n = &mut t[p.tier_heat()];
+            *n = n.wrapping_add(1);
+        }
+        let mut c = Self {
+            slow: [0; HEATS],
+            fast: [0; HEATS],
+        };
+        c.slow.copy_from_slice(&t[..HEATS]);
+        c.fast.copy_from_slice(&t[HEATS..]);
+        c
+    }
+
+    /// The hottest page's heat (0 for no page).
+    pub fn hottest(&self) -> u8 {
+        (0..=HeatRecord::MAX_HEAT)
+            .rev()
+            .find(|&h| self.slow[usize::from(h)] > 0 || self.fast[usize::from(h)] > 0)
+            .unwrap_or(0)
+    }
+
+    /// Pages on the fast tier.
+    pub fn fast(&self) -> u64 {
+        self.fast.iter().map(|&n| u64::from(n)).sum()
+    }
+
+    /// Slow-tier pages at `heat` or more.
+    pub fn slow_from(&self, heat: u8) -> u64 {
+        let from = usize::from(heat).min(HEATS);
+        self.slow[from..].iter().map(|&n| u64::from(n)).sum()
+    }
+
+    /// The pages [`select`] with [`Step::Promote`] picks.
+    pub fn promote(&self, hot_min: u8) -> u64 {
+        self.slow_from(hot_min.min(self.hottest()).max(1))
+    }
+
+    /// [`Self::promote`] for every `hot_min` from 0 to [`HeatRecord::MAX_HEAT`], in one pass.
+    pub fn promote_by_hot_min(&self) -> [u16; HEATS] {
+        // from[h]: slow pages at heat h or more.
+        let mut from = [0u16; HEATS + 1];
+        for h in (0..HEATS).rev() {
+            from[h] = from[h + 1].wrapping_add(self.slow[h]);
+        }
+        let hottest = self.hottest();
+        std::array::from_fn(|hot_min| {
+            let h = u8::try_from(hot_min).unwrap_or(HeatRecord::MAX_HEAT);
+            from[usize::from(h.min(hottest).max(1))]
+        })
+    }
+
+    /// The pages [`select`] with [`Step::Trim`] picks.
+    pub fn trim(&self, hot_min: u8) -> u64 {
+        let below = usize::from(hot_min.div_ceil(2)).min(HEATS);
+        self.fast[..below].iter().map(|&n| u64::from(n)).sum()
+    }
+
+    /// [`touch_up`] of the counted pages.
+    pub fn touch_up(&self, hot_min: u8) -> (bool, bool) {
+        (self.slow_from(hot_min.max(1)) > 0, self.trim(hot_min) > 0)
+    }
+
+    /// [`uniform`] of the counted pages (true for none).
+    pub fn uniform(&self) -> bool {
+        let one_tier = self.fast() == 0 || self.slow.iter().all(|&n| n == 0);
+        let mut heats = (0..HEATS).filter(|&h| self.slow[h] > 0 || self.fast[h] > 0);
+        let lo = heats.next().unwrap_or(0);
+        let hi = heats.next_back().unwrap_or(lo);
+        one_tier && hi - lo <= usize::from(MERGE_SPREAD)
+    }
+
+    /// Adds the pages to `by` at their heats.
+    pub fn add_to(&self, by: &mut PagesByHeat) {
+        for (h, b) in by.iter_mut().enumerate() {
+            *b += u64::from(self.slow[h]) + u64::from(self.fast[h]);
         }
     }
-    let min = usize::from(hot_min.min(hottest).max(1));
-    slow[min..].iter().sum()
+}
+
+/// Heat values, `0..=`[`HeatRecord::MAX_HEAT`].
+const HEATS: usize = HeatRecord::MAX_HEAT as usize + 1;
+
+/// How many pages [`select`] with [`Step::Promote`] picks, in one pass.
+pub fn promote_count(pages: &[HeatRecord], hot_min: u8) -> u64 {
+    Census::of(pages).promote(hot_min)
 }
 
 /// The moves that keep a split region in the fast tier up to date with its pages, beside the
 /// policy's plan: whether newly hot pages should join it ([`Step::Promote`]) and whether cold
 /// ones should leave ([`Step::Trim`]).
 pub fn touch_up(pages: &[HeatRecord], hot_min: u8) -> (bool, bool) {
-    let promote = pages
-        .iter()
-        .any(|p| !p.is_fast() && p.heat() >= hot_min.max(1));
-    let trim = select(pages, Step::Trim, hot_min).next().is_some();
-    (promote, trim)
+    Census::of(pages).touch_up(hot_min)
 }
 
-/// Touch-up moves for every split region in the fast tier: `(region, step)`, trims first.
-/// `regions` yields `(region index, pages)` of the split regions.
+/// Touch-up moves for every split region in the fast tier: `(region, step, pages it
+/// moves)`, trims first. `regions` yields `(region index, pages)` of the split regions.
 pub fn touch_ups<'a>(
     regions: impl Iterator<Item = (u32, &'a [HeatRecord])>,
     hot_min: u8,
-) -> Vec<(u32, Step)> {
+) -> Vec<(u32, Step, u64)> {
     let mut trims = Vec::new();
     let mut promotes = Vec::new();
     for (r, pages) in regions {
-        if !pages.iter().any(|p| p.is_fast()) {
+        let c = Census::of(pages);
+        if c.fast() == 0 {
             continue;
         }
-        let (p, t) = touch_up(pages, hot_min);
+        let (p, t) = c.touch_up(hot_min);
         if t {
-            trims.push((r, Step::Trim));
+            trims.push((r, Step::Trim, c.trim(hot_min)));
         }
         if p {
-            promotes.push((r, Step::Promote));
+            promotes.push((r, Step::Promote, c.promote(hot_min)));
         }
     }
     trims.extend(promotes);
@@ -226,12 +320,11 @@ pub fn policy_budget(budget_pages: u64, by_heat: &CostByHeat) -> u64 {
 
 /// Trims an enforced plan to `budget_pages`, the hard limit, and to `move_pages` pages moved:
 /// after the plan's demotions (`demote_cost` pages each, in order), if the fast tier still
-/// holds more than the budget, the coldest other fast regions (`forcible`: `(region, pages
-/// held)`, coldest first) are forced out (a budget cut is not rate limited); then promotions
-/// run in plan order while their pages (`promote_cost`) fit in the budget and in the moves
-/// left (the first one always) — the others are deferred. `used` is the pages in the fast tier
-/// now. Returns the pages
-/// the trimmed plan moves.
+/// holds more than the budget, the coldest other fast regions (`forcible` gives them, only
+/// then: `(region, pages held)`, coldest first) are forced out (a budget cut is not rate
+/// limited); then promotions run in plan order while their pages (`promote_cost`) fit in the
+/// budget and in the moves left (the first one always) — the others are deferred. `used` is
+/// the pages in the fast tier now. Returns the pages the trimmed plan moves.
 ///
 /// The policy counts moves in regions; with split regions moving a few pages each, the caller
 /// gives it a move limit in pages (as many regions as pages) and this holds the real one.
@@ -240,7 +333,7 @@ pub fn fit(
     used: u64,
     (budget_pages, move_pages): (u64, u64),
     demote_cost: impl Fn(Granule) -> u64,
-    forcible: impl Iterator<Item = (Granule, u64)>,
+    forcible: impl FnOnce() -> Vec<(Granule, u64)>,
     promote_cost: impl Fn(Granule) -> u64,
 ) -> u64 {
     let demoted: u64 = e.demote.iter().map(|&g| demote_cost(g)).sum();
@@ -248,7 +341,7 @@ pub fn fit(
     let mut used = used.saturating_sub(demoted);
     if used > budget_pages {
         let planned: std::collections::HashSet<Granule> = e.demote.iter().copied().collect();
-        for (g, pages) in forcible {
+        for (g, pages) in forcible() {
             if used <= budget_pages {
                 break;
             }
@@ -361,10 +454,60 @@ mod tests {
         for (ps, hot_min) in [(&p, 4), (&p, 16), (&p, 0), (&weak, 4), (&weak, 1)] {
             assert_eq!(
                 promote_count(ps, hot_min),
-                select(ps, Step::Promote, hot_min).count()
+                select(ps, Step::Promote, hot_min).count() as u64
             );
         }
         assert_eq!(Step::Trim.target(), Tier::Slow);
+    }
+
+    #[test]
+    fn census_answers_as_a_walk_over_the_pages_does() {
+        // Runs of eight alike, groups that break a run, a tail shorter than eight, move ages
+        // that differ inside a run (not counted), both tiers, every heat.
+        let mut x = 0x9e37_79b9_u32;
+        let mut next = move || {
+            x ^= x << 13;
+            x ^= x >> 17;
+            x ^= x << 5;
+            x
+        };
+        for len in [0usize, 1, 7, 8, 9, 64, 100, 512] {
+            for run in [1usize, 3, 8, 40] {
+                let mut pages = Vec::with_capacity(len);
+                let mut cur = HeatRecord::default();
+                for i in 0..len {
+                    if i % run == 0 {
+                        let r = next();
+                        let tier = if r & 1 == 0 { Tier::Fast } else { Tier::Slow };
+                        let heat = u8::try_from((r >> 1) % 32).unwrap();
+                        cur = HeatRecord::new(heat, tier, 0);
+                    }
+                    let age = u8::try_from(next() % 4).unwrap();
+                    pages.push(HeatRecord::new(cur.heat(), cur.tier(), age));
+                }
+                let c = Census::of(&pages);
+                let mut by: PagesByHeat = [0; 32];
+                c.add_to(&mut by);
+                for h in 0..32u8 {
+                    let n = pages.iter().filter(|p| p.heat() == h).count() as u64;
+                    assert_eq!(by[usize::from(h)], n, "{len} {run} heat {h}");
+                    let slow = pages.iter().filter(|p| !p.is_fast() && p.heat() >= h);
+                    assert_eq!(c.slow_from(h), slow.count() as u64);
+                    let want = select(&pages, Step::Promote, h).count() as u64;
+                    assert_eq!(c.promote(h), want, "{len} {run} {h}");
+                    assert_eq!(u64::from(c.promote_by_hot_min()[usize::from(h)]), want);
+                    let trim = select(&pages, Step::Trim, h).count() as u64;
+                    assert_eq!(c.trim(h), trim, "{len} {run} {h}");
+                }
+                let fast = pages.iter().filter(|p| p.is_fast()).count() as u64;
+                assert_eq!(c.fast(), fast);
+                let hottest = pages.iter().map(|p| p.heat()).max().unwrap_or(0);
+                assert_eq!(c.hottest(), hottest);
+                let one_tier = fast == 0 || fast == len as u64;
+                let lo = pages.iter().map(|p| p.heat()).min().unwrap_or(0);
+                assert_eq!(c.uniform(), one_tier && hottest - lo <= MERGE_SPREAD);
+            }
+        }
     }
 
     #[test]
@@ -376,7 +519,7 @@ mod tests {
             vec![(0, &slow), (1, &fast_mixed), (2, &fast_done)];
         assert_eq!(
             touch_ups(regions.into_iter(), 4),
-            vec![(1, Step::Trim), (1, Step::Promote)]
+            vec![(1, Step::Trim, 1), (1, Step::Promote, 1)]
         );
     }
 
@@ -491,7 +634,7 @@ mod tests {
                 used,
                 (budget, moves),
                 cost,
-                forcible.iter().map(|&(r, p)| (Granule(r), p)),
+                || forcible.iter().map(|&(r, p)| (Granule(r), p)).collect(),
                 cost,
             );
             assert_eq!(

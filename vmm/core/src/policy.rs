@@ -59,6 +59,7 @@ impl HeatRecord {
     const AGE_SHIFT: u8 = 6;
 
     /// Builds a record; heat saturates at [`Self::MAX_HEAT`], move age at [`Self::SETTLED`].
+    #[inline]
     pub fn new(heat: u8, tier: Tier, move_age: u8) -> Self {
         let mut b = heat.min(Self::MAX_HEAT);
         if tier == Tier::Fast {
@@ -69,16 +70,33 @@ impl HeatRecord {
     }
 
     /// The raw byte.
+    #[inline]
     pub fn to_byte(self) -> u8 {
         self.0
     }
 
     /// Heat, 0..=31.
+    #[inline]
     pub fn heat(self) -> u8 {
         self.0 & Self::MAX_HEAT
     }
 
+    /// Tier and heat as one index, `0..`[`Self::TIER_HEATS`]: the heat for a slow-tier record,
+    /// the heat plus `MAX_HEAT + 1` for a fast-tier one. One mask of the byte, for counting
+    /// many records at once ([`crate::hybrid::Census`]).
+    #[inline]
+    pub fn tier_heat(self) -> usize {
+        usize::from(self.to_byte() & Self::TIER_HEAT_BITS)
+    }
+
+    /// The bits of [`Self::to_byte`] that [`Self::tier_heat`] keeps.
+    pub const TIER_HEAT_BITS: u8 = Self::FAST | Self::MAX_HEAT;
+
+    /// The number of [`Self::tier_heat`] values.
+    pub const TIER_HEATS: usize = Self::TIER_HEAT_BITS as usize + 1;
+
     /// Current tier.
+    #[inline]
     pub fn tier(self) -> Tier {
         if self.0 & Self::FAST != 0 {
             Tier::Fast
@@ -88,21 +106,25 @@ impl HeatRecord {
     }
 
     /// Whether the granule is in the fast tier.
+    #[inline]
     pub fn is_fast(self) -> bool {
         self.0 & Self::FAST != 0
     }
 
     /// Ticks since the last migration, saturating at [`Self::SETTLED`].
+    #[inline]
     pub fn move_age(self) -> u8 {
         self.0 >> Self::AGE_SHIFT
     }
 
     /// Whether the granule migrated within the last [`Self::SETTLED`] ticks.
+    #[inline]
     pub fn recently_moved(self) -> bool {
         self.move_age() < Self::SETTLED
     }
 
     /// The same record with another heat (saturating).
+    #[inline]
     pub fn with_heat(self, heat: u8) -> Self {
         Self((self.0 & !Self::MAX_HEAT) | heat.min(Self::MAX_HEAT))
     }
@@ -115,11 +137,13 @@ impl HeatRecord {
     /// seen in every sample climbs 16, 24, 28, 30, 31; a granule seen hot once fades by half
     /// each tick, so a one-off pass over memory (a scan, a checksum sweep) cannot look like a
     /// working set.
+    #[inline]
     pub fn cooled(self) -> Self {
         self.with_heat(self.heat() / 2)
     }
 
     /// Adds an observation's heat (saturating at [`Self::MAX_HEAT`]); see [`Self::cooled`].
+    #[inline]
     pub fn observed(self, gain: u8) -> Self {
         self.with_heat(self.heat().saturating_add(gain))
     }
@@ -172,16 +196,19 @@ impl HeatRecord {
     }
 
     /// The record one tick later: move age advanced by one (saturating).
+    #[inline]
     pub fn aged(self) -> Self {
         Self::new(self.heat(), self.tier(), self.move_age().saturating_add(1))
     }
 
     /// The record after a migration to `tier` this tick (move age 0).
+    #[inline]
     pub fn moved_to(self, tier: Tier) -> Self {
         Self::new(self.heat(), tier, 0)
     }
 
     /// The record after the granule was first placed on `tier` (no migration: age kept).
+    #[inline]
     pub fn placed_on(self, tier: Tier) -> Self {
         Self::new(self.heat(), tier, self.move_age())
     }

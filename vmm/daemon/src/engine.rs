@@ -49,7 +49,7 @@ use vmtier_core::{
     HostVirtAddr, NodeId, PageSize, RegionAccess, VmId,
 };
 use vmtier_sources::store::{
-    Error as StoreError, GranuleSpan, HotnessStore, StoreConfig, HISTOGRAM_BUCKETS,
+    Error as StoreError, GranuleSpan, HotnessStore, PlanBudget, StoreConfig, HISTOGRAM_BUCKETS,
 };
 
 use crate::config::RefreshMode;
@@ -1433,9 +1433,13 @@ fn tick_vm(
         .unwrap_or(HeatRecord::HEAT_GAIN);
     // Hybrid tracking: how hot a page of a split region must be to move with it.
     // (Or the heat the hottest pages of the budget reach, if higher.)
-    let hot_min = hybrid::hot_min(max_gain).max(vm.store.page_cutoff(vm.budget_bytes));
     // Whole granules; with hybrid tracking, regions filled hottest first by their pages.
-    let budget = vm.store.policy_budget(vm.budget_bytes, hot_min);
+    let PlanBudget {
+        hot_min,
+        granules: budget,
+    } = vm
+        .store
+        .plan_budget(vm.budget_bytes, hybrid::hot_min(max_gain));
     // Pins first: they hold whatever the policy plans (docs/daemon.md, pinned ranges).
     if !vm.pins_at.is_empty() {
         enforce_pins(cfg, migrator, vm, budget, &mut moves_left, deadline)?;

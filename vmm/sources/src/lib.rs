@@ -16,4 +16,4 @@ pub mod store;
 pub use damon::{DamonConfig, DamonSource};
 pub use probe::{select, Choice, SelectOptions, Selection, SourceKind};
 pub use softdirty::SoftDirtySource;
-pub use store::{HotnessStore, StoreConfig};
+pub use store::{HotnessStore, PlanBudget, StoreConfig};

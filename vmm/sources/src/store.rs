@@ -33,7 +33,7 @@
 //! region whose pages are uniform again ([`hybrid::uniform`]) is merged at the next tick.
 //! Moves of split regions take only some of their pages ([`hybrid::Step`],
 //! [`HotnessStore::pages_of`]); a split region is in the fast tier if any of its pages is, and
-//! charges only those pages ([`HotnessStore::tier_bytes`], [`HotnessStore::policy_budget`]).
+//! charges only those pages ([`HotnessStore::tier_bytes`], [`HotnessStore::plan_budget`]).
 //!
 //! # Memory
 //!
@@ -44,7 +44,7 @@
 //! with `detail_percent = 20` at most about 0.21 byte per 4 KiB page
 //! ([`hybrid::bytes_per_page`]).
 
-use vmtier_core::hybrid::{self, RegionSeen, Step};
+use vmtier_core::hybrid::{self, Census, RegionSeen, Step};
 use vmtier_core::policy::{Enforced, Granule, HeatRecord, Tier};
 use vmtier_core::{GranuleSize, GuestMemoryLayout, GuestPhysAddr, HostVirtAddr, RegionAccess};
 
@@ -158,6 +158,15 @@ pub struct GranuleSpan {
     pub hva: HostVirtAddr,
     /// Bytes (the granule size, less for a range's last partial granule).
     pub len: u64,
+}
+
+/// A tick's budget for planning ([`HotnessStore::plan_budget`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PlanBudget {
+    /// How hot a page of a split region must be to move with it.
+    pub hot_min: u8,
+    /// The policy's fast-tier budget, in granules.
+    pub granules: u64,
 }
 
 /// Store tuning.
@@ -525,49 +534,56 @@ impl HotnessStore {
         }
     }
 
-    /// The fast-tier budget the policy gets, in granules, for `budget_bytes` of DRAM: the
-    /// whole granules that fit, or with hybrid tracking [`hybrid::policy_budget`] (a split
-    /// region costs its pages in DRAM and those a promotion with `hot_min` would take).
-    pub fn policy_budget(&self, budget_bytes: u64, hot_min: u8) -> u64 {
+    /// The fast-tier budget the policy gets for `budget_bytes` of DRAM, and how hot a page of
+    /// a split region must be to move with it, in one pass over the store.
+    ///
+    /// Without hybrid tracking: the whole granules that fit, and `hot_floor`. With it: `hot_min`
+    /// is `hot_floor` or the heat the hottest `budget_bytes` of the VM reach if higher
+    /// ([`hybrid::page_cutoff`]), and the budget is [`hybrid::policy_budget`]'s (a split region
+    /// costs its pages in DRAM and those a promotion with `hot_min` would take).
+    pub fn plan_budget(&self, budget_bytes: u64, hot_floor: u8) -> PlanBudget {
         if self.detail.is_none() {
-            return budget_bytes / self.granule_bytes;
-        }
-        let mut by_heat: hybrid::CostByHeat = [(0, 0); 2 * (HeatRecord::MAX_HEAT as usize + 1)];
-        for (i, r) in self.records.iter().enumerate() {
-            let g = Granule(u32::try_from(i).unwrap_or(u32::MAX));
-            let (cost, split) = match self.detail(g) {
-                Some(pages) => {
-                    let more = hybrid::promote_count(pages, hot_min) as u64;
-                    (self.fast_pages(g) + more, true)
-                }
-                None => (self.span(g).map_or(0, |s| s.len / 4096), false),
+            return PlanBudget {
+                hot_min: hot_floor,
+                granules: budget_bytes / self.granule_bytes,
             };
-            let b = &mut by_heat[hybrid::cost_slot(r.heat(), split)];
-            b.0 += 1;
-            b.1 += cost;
         }
-        hybrid::policy_budget(budget_bytes / 4096, &by_heat)
-    }
-
-    /// The page heat that the hottest `budget_bytes` of the VM reach ([`hybrid::page_cutoff`]);
-    /// 0 without hybrid tracking.
-    pub fn page_cutoff(&self, budget_bytes: u64) -> u8 {
-        if self.detail.is_none() {
-            return 0;
-        }
-        let mut by: hybrid::PagesByHeat = [0; HeatRecord::MAX_HEAT as usize + 1];
-        for (i, r) in self.records.iter().enumerate() {
-            let g = Granule(u32::try_from(i).unwrap_or(u32::MAX));
-            match self.detail(g) {
-                Some(pages) => {
-                    for p in pages {
-                        by[usize::from(p.heat())] += 1;
-                    }
-                }
-                None => by[usize::from(r.heat())] += self.span(g).map_or(0, |s| s.len / 4096),
+        const HEATS: usize = HeatRecord::MAX_HEAT as usize + 1;
+        // Pages by heat; whole regions by heat: (regions, pages); split regions by heat:
+        // how many, and their cost for every `hot_min` (not known before the pass ends).
+        let mut pages: hybrid::PagesByHeat = [0; HEATS];
+        let mut whole = [(0u64, 0u64); HEATS];
+        let mut split = [0u64; HEATS];
+        let mut split_cost = [[0u64; HEATS]; HEATS];
+        self.for_each_region(|r, bytes, detail| {
+            let h = usize::from(r.heat());
+            let Some(detail) = detail else {
+                pages[h] += bytes / 4096;
+                whole[h].0 += 1;
+                whole[h].1 += bytes / 4096;
+                return;
+            };
+            let c = Census::of(detail);
+            c.add_to(&mut pages);
+            split[h] += 1;
+            let fast = c.fast();
+            for (cost, promote) in split_cost[h].iter_mut().zip(c.promote_by_hot_min()) {
+                *cost += fast + u64::from(promote);
             }
+        });
+        let budget_pages = budget_bytes / 4096;
+        let hot_min = hot_floor.max(hybrid::page_cutoff(&pages, budget_pages));
+        let hm = usize::from(hot_min.min(HeatRecord::MAX_HEAT));
+        let mut by_heat: hybrid::CostByHeat = [(0, 0); 2 * HEATS];
+        for h in 0..HEATS {
+            let heat = u8::try_from(h).unwrap_or(HeatRecord::MAX_HEAT);
+            by_heat[hybrid::cost_slot(heat, false)] = whole[h];
+            by_heat[hybrid::cost_slot(heat, true)] = (split[h], split_cost[h][hm]);
         }
-        hybrid::page_cutoff(&by, budget_bytes / 4096)
+        PlanBudget {
+            hot_min,
+            granules: hybrid::policy_budget(budget_pages, &by_heat),
+        }
     }
 
     /// Pages of `granule` in the fast tier (a split region's from its kept count).
@@ -582,6 +598,21 @@ impl HotnessStore {
                 self.span(g).map_or(0, |s| s.len / 4096)
             }
             None => 0,
+        }
+    }
+
+    /// Every region in index order, one pass over the spans (no per-region lookup): its
+    /// record, its bytes, and a split region's 4 KiB records.
+    fn for_each_region(&self, mut f: impl FnMut(HeatRecord, u64, Option<&[HeatRecord]>)) {
+        for s in &self.spans {
+            let first = s.first as usize;
+            let records = &self.records[first..first + s.count as usize];
+            for (k, &r) in (0..s.count).zip(records) {
+                let (lo, hi) = s.granule(k, self.shift);
+                let i = first + k as usize;
+                let pages = self.detail.as_ref().and_then(|d| Some(d.pages(d.slot(i)?)));
+                f(r, hi - lo, pages);
+            }
         }
     }
 
@@ -601,17 +632,23 @@ impl HotnessStore {
             return 0;
         }
         let used = self.tier_bytes().fast / 4096;
-        let mut fast: Vec<(u8, Granule)> = self
-            .records
-            .iter()
-            .enumerate()
-            .filter(|(_, r)| r.is_fast())
-            .map(|(i, r)| (r.heat(), Granule(u32::try_from(i).unwrap_or(u32::MAX))))
-            .filter(|&(_, g)| !held(g))
-            .collect();
-        fast.sort_unstable();
+        // Only when over the budget: fast regions not held, coldest first.
+        let forcible = || {
+            let mut fast: Vec<(u8, Granule)> = self
+                .records
+                .iter()
+                .enumerate()
+                .filter(|(_, r)| r.is_fast())
+                .map(|(i, r)| (r.heat(), Granule(u32::try_from(i).unwrap_or(u32::MAX))))
+                .filter(|&(_, g)| !held(g))
+                .collect();
+            fast.sort_unstable();
+            fast.into_iter()
+                .map(|(_, g)| (g, self.fast_pages(g)))
+                .collect()
+        };
         let promote_cost = |g: Granule| match self.detail(g) {
-            Some(pages) => hybrid::promote_count(pages, hot_min) as u64,
+            Some(pages) => hybrid::promote_count(pages, hot_min),
             None => self.span(g).map_or(0, |s| s.len / 4096),
         };
         hybrid::fit(
@@ -619,13 +656,21 @@ impl HotnessStore {
             used,
             (budget_bytes / 4096, move_pages),
             |g| self.fast_pages(g),
-            fast.iter().map(|&(_, g)| (g, self.fast_pages(g))),
+            forcible,
             promote_cost,
         )
     }
 
     /// The touch-up moves of split regions in the fast tier ([`hybrid::touch_ups`]).
     pub fn touch_ups(&self, hot_min: u8) -> Vec<(Granule, Step)> {
+        self.touch_ups_counted(hot_min)
+            .into_iter()
+            .map(|(g, s, _)| (g, s))
+            .collect()
+    }
+
+    /// [`Self::touch_ups`] with the pages each moves.
+    fn touch_ups_counted(&self, hot_min: u8) -> Vec<(Granule, Step, u64)> {
         let Some(d) = self.detail.as_ref() else {
             return Vec::new();
         };
@@ -637,7 +682,7 @@ impl HotnessStore {
             .map(|(slot, &r)| (r, d.pages(slot)));
         hybrid::touch_ups(split, hot_min)
             .into_iter()
-            .map(|(r, s)| (Granule(r), s))
+            .map(|(r, s, n)| (Granule(r), s, n))
             .collect()
     }
 
@@ -659,19 +704,7 @@ impl HotnessStore {
         let fast = self.tier_bytes().fast;
         let mut room = budget_bytes.saturating_sub(fast) / 4096;
         let over = fast.saturating_sub(budget_bytes).div_ceil(4096);
-        // Each touch-up with the pages it moves (split regions only), counted once.
-        let ups: Vec<(Granule, Step, u64)> = self
-            .touch_ups(hot_min)
-            .into_iter()
-            .filter_map(|(g, step)| {
-                let pages = self.detail(g)?;
-                let n = match step {
-                    Step::Promote => hybrid::promote_count(pages, hot_min),
-                    _ => hybrid::select(pages, step, hot_min).count(),
-                };
-                Some((g, step, n as u64))
-            })
-            .collect();
+        let ups = self.touch_ups_counted(hot_min);
         // Pages that would take DRAM if they could: every page of a hot whole region on the
         // slow tier, then the hot slow pages of split regions (heat at least `hot_min`);
         // counted only as far as it matters (past the room left plus every trim, all run).
@@ -705,11 +738,7 @@ impl HotnessStore {
                     if region == NO_SLOT || cold {
                         continue;
                     }
-                    let pages = d.pages(slot);
-                    wanted += pages
-                        .iter()
-                        .filter(|p| !p.is_fast() && p.heat() >= hot)
-                        .count() as u64;
+                    wanted += Census::of(d.pages(slot)).slow_from(hot);
                 }
             }
         }
@@ -1069,21 +1098,20 @@ impl HotnessStore {
     /// Bytes of guest RAM per tier (partial granules counted exactly, split regions by page).
     pub fn tier_bytes(&self) -> TierBytes {
         let mut t = TierBytes::default();
-        for s in &self.spans {
-            let first = s.first as usize;
-            for k in 0..s.count {
-                let (lo, hi) = s.granule(k, self.shift);
-                let len = hi - lo;
-                if self.detail(Granule(s.first + k)).is_some() {
-                    let fast = self.fast_pages(Granule(s.first + k)) * 4096;
+        self.for_each_region(|r, len, pages| {
+            // A split region's fast pages come from its kept count, below.
+            if pages.is_none() && r.is_fast() {
+                t.fast += len;
+            } else {
+                t.slow += len;
+            }
+        });
+        if let Some(d) = self.detail.as_ref() {
+            for (slot, &region) in d.owner.iter().enumerate() {
+                if region != NO_SLOT {
+                    let fast = u64::from(d.fast[slot]) * 4096;
                     t.fast += fast;
-                    t.slow += len - fast;
-                    continue;
-                }
-                if self.records[first + k as usize].is_fast() {
-                    t.fast += len;
-                } else {
-                    t.slow += len;
+                    t.slow -= fast;
                 }
             }
         }
@@ -1443,11 +1471,16 @@ mod tests {
         assert_eq!(s.tier_bytes().fast, m2 + (64 << 10));
         // Budget of 3 regions' pages: r0 (512 pages), r1 (16) and r2 (256 hot pages) at
         // heat 16 fit, then r3 (cold, whole: 512): 4 regions for 1296 pages.
-        assert_eq!(s.policy_budget(3 * m2, 4), 4);
+        let want = |hot_min, granules| PlanBudget { hot_min, granules };
+        assert_eq!(s.plan_budget(3 * m2, 4), want(4, 4));
         // 1776 pages left over count whole regions.
-        assert_eq!(s.policy_budget(6 * m2, 4), 4 + 3);
-        // 512 pages: the split regions at heat 16 first (272 pages), r0 no longer fits.
-        assert_eq!(s.policy_budget(m2, 4), 2);
+        assert_eq!(s.plan_budget(6 * m2, 4), want(4, 4 + 3));
+        // 512 pages: the split regions at heat 16 first (272 pages), r0 no longer fits; the
+        // 784 pages at heat 16 do not all fit, so a page needs heat 17 (a split region's
+        // promotion then takes its hottest, at 16).
+        assert_eq!(s.plan_budget(m2, 4), want(17, 2));
+        // A higher floor stands.
+        assert_eq!(s.plan_budget(3 * m2, 20).hot_min, 20);
 
         // Nothing seen for a few ticks: r2's detail cools to uniform and merges; r1 stays
         // split (two tiers) until its fast pages are trimmed.
@@ -1467,6 +1500,79 @@ mod tests {
         assert!(s.detail(Granule(1)).is_none());
         let st = s.detail_stats();
         assert_eq!((st.split, st.splits, st.merges), (0, 2, 2));
+    }
+
+    #[test]
+    fn plan_budget_is_the_cutoff_then_the_fill_walked_page_by_page() {
+        // The one-pass budget against the two walks it replaces: the hottest pages' heat
+        // over every page, then each region's cost at that `hot_min`.
+        let reference = |s: &HotnessStore, budget: u64, floor: u8| {
+            let mut by: hybrid::PagesByHeat = [0; 32];
+            let mut cost: hybrid::CostByHeat = [(0, 0); 64];
+            for g in (0..s.len()).map(|i| Granule(u32::try_from(i).unwrap())) {
+                let h = s.records()[g.index()].heat();
+                match s.detail(g) {
+                    Some(p) => p.iter().for_each(|p| by[usize::from(p.heat())] += 1),
+                    None => by[usize::from(h)] += s.span(g).unwrap().len / 4096,
+                }
+            }
+            let hot_min = floor.max(hybrid::page_cutoff(&by, budget / 4096));
+            for g in (0..s.len()).map(|i| Granule(u32::try_from(i).unwrap())) {
+                let h = s.records()[g.index()].heat();
+                let (pages, split) = match s.detail(g) {
+                    Some(p) => {
+                        let more = hybrid::select(p, Step::Promote, hot_min).count() as u64;
+                        (s.fast_pages(g) + more, true)
+                    }
+                    None => (s.span(g).unwrap().len / 4096, false),
+                };
+                let c = &mut cost[hybrid::cost_slot(h, split)];
+                *c = (c.0 + 1, c.1 + pages);
+            }
+            PlanBudget {
+                hot_min,
+                granules: hybrid::policy_budget(budget / 4096, &cost),
+            }
+        };
+        let m2 = 2u64 << 20;
+        let mut x = 0x2545_f491_u64;
+        let mut next = move |n: u64| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x % n
+        };
+        for _ in 0..20 {
+            let mut s = hybrid(16, 100);
+            for _ in 0..4 {
+                s.tick();
+                // Reports in address order, pieces of random length and heat.
+                let mut at = 0u64;
+                let mut reports = Vec::new();
+                while at < 16 * m2 {
+                    let len = ((1 + next(300)) * 4096).min(16 * m2 - at);
+                    reports.push(acc(A + at, len, u32::try_from(next(21)).unwrap()));
+                    at += len;
+                }
+                s.observe(&reports);
+                for g in 0..16 {
+                    if next(4) == 0 {
+                        s.apply(
+                            Granule(g),
+                            Step::Promote,
+                            u8::try_from(1 + next(16)).unwrap(),
+                        );
+                    }
+                }
+            }
+            assert!(s.detail_stats().split > 0);
+            for budget in [m2, 3 * m2, 7 * m2, 15 * m2] {
+                for floor in [0, 4, 12] {
+                    let want = reference(&s, budget, floor);
+                    assert_eq!(s.plan_budget(budget, floor), want, "{budget} {floor}");
+                }
+            }
+        }
     }
 
     #[test]
