@@ -28,7 +28,10 @@
 //! whose heat is mixed in a tick ([`hybrid::RegionSeen::mixed`]: two reports of very different
 //! heat cut it, or a report covers only part of it) is *split*: it gets one more record per
 //! 4 KiB page, observed like a 4 KiB store's, while its own record goes on as before (the
-//! policy plans over regions). At most `detail_percent` % of the regions are split at a time;
+//! policy plans over regions). A region's record gains its hottest report's gain — a split
+//! region's promotion moves only its hot pages, and a resident region is not demoted for a
+//! cooler part — except a whole region on the slow tier, which would move whole and gains the
+//! byte-weighted mean, like a 2 MiB store's granule. At most `detail_percent` % of the regions are split at a time;
 //! a mixed region beyond the cap stays whole (counted in [`DetailStats::refused`]). A split
 //! region whose pages are uniform again ([`hybrid::uniform`]) is merged at the next tick.
 //! Moves of split regions take only some of their pages ([`hybrid::Step`],
@@ -81,6 +84,7 @@ pub struct TierBytes {
 }
 
 /// The reports covering one granule so far in a tick ([`HotnessStore::observe`]).
+#[derive(Debug, Default)]
 struct Cover {
     granule: usize,
     /// Bytes covered.
@@ -306,6 +310,8 @@ struct Seen {
     covered: u64,
     /// `(first page, end page, gain)` per report piece.
     pieces: Vec<(usize, usize, u8)>,
+    /// The pieces' access fractions, for the record of a region that stays whole.
+    cover: Cover,
 }
 
 /// Per-granule heat, tier and move age of one VM's RAM. See the module docs.
@@ -947,9 +953,15 @@ impl HotnessStore {
                             min_gain: u8::MAX,
                             ..RegionSeen::default()
                         },
+                        cover: Cover::new(region),
                         ..Seen::default()
                     });
                     let (plo, phi) = (lo.max(rlo), hi.min(rhi));
+                    if a.samples > 0 {
+                        let hits = a.hits.min(a.samples);
+                        let fraction = f64::from(hits) / f64::from(a.samples);
+                        c.cover.add(phi - plo, fraction, hits);
+                    }
                     c.covered += phi - plo;
                     c.seen.min_gain = c.seen.min_gain.min(gain);
                     c.seen.max_gain = c.seen.max_gain.max(gain);
@@ -979,14 +991,21 @@ impl HotnessStore {
         c.seen.covered = c.covered >= c.hi - c.lo;
         let whole = c.hi - c.lo == self.granule_bytes;
         let slot = match d.slot(c.region) {
-            Some(s) => s,
-            None if whole && c.seen.mixed() && !d.is_huge(c.region) => {
-                match d.split(c.region, before) {
-                    Some(s) => s,
-                    None => return,
-                }
+            Some(s) => Some(s),
+            None if whole && c.seen.mixed() && !d.is_huge(c.region) => d.split(c.region, before),
+            None => None,
+        };
+        let Some(slot) = slot else {
+            // A whole region on the slow tier would move whole: it gains what its reports
+            // see on average, as a 2 MiB store's granule does. In DRAM, or split, it keeps
+            // its hottest report's gain (a split region's promotion moves only its hot pages;
+            // a resident region is not demoted for a cooler part). docs/policies.md, "Hybrid
+            // tracking".
+            if !before.is_fast() {
+                self.records[c.region] = before;
+                c.cover.apply(&mut self.records);
             }
-            None => return,
+            return;
         };
         let pages = d.pages_mut(slot);
         // A page two adjacent pieces share keeps the larger gain; a piece seen cold adds
@@ -1500,6 +1519,30 @@ mod tests {
         assert!(s.detail(Granule(1)).is_none());
         let st = s.detail_stats();
         assert_eq!((st.split, st.splits, st.merges), (0, 2, 2));
+    }
+
+    #[test]
+    fn whole_slow_regions_gain_the_mean_the_others_the_hottest_report() {
+        // (tier, hits of the two halves' reports of 20 samples) -> (record heat, split)
+        let cases = [
+            // Gains 16 and 13 (not mixed): mean fraction 0.675 gains 15 on the slow tier.
+            (Tier::Slow, (20, 7), (15, false)),
+            // In DRAM the hottest report's 16.
+            (Tier::Fast, (20, 7), (16, false)),
+            (Tier::Slow, (20, 20), (16, false)),
+            // Mixed (16 and 0): split, and the hottest report's gain.
+            (Tier::Slow, (20, 0), (16, true)),
+            (Tier::Slow, (0, 0), (0, false)),
+        ];
+        let m2 = 2u64 << 20;
+        for (tier, (a, b), want) in cases {
+            let mut s = hybrid(1, 100);
+            s.set_tier(Granule(0), tier);
+            s.tick();
+            s.observe(&[acc(A, m2 / 2, a), acc(A + m2 / 2, m2 / 2, b)]);
+            let got = (s.records()[0].heat(), s.detail(Granule(0)).is_some());
+            assert_eq!(got, want, "{tier:?} {a} {b}");
+        }
     }
 
     #[test]
