@@ -31,8 +31,9 @@
 //! policy plans over regions). A region's record gains its hottest report's gain — a split
 //! region's promotion moves only its hot pages, and a resident region is not demoted for a
 //! cooler part — except a whole region on the slow tier, which would move whole and gains the
-//! byte-weighted mean, like a 2 MiB store's granule. At most `detail_percent` % of the regions are split at a time;
-//! a mixed region beyond the cap stays whole (counted in [`DetailStats::refused`]). A split
+//! byte-weighted mean, like a 2 MiB store's granule. At most `detail_percent` % of the regions
+//! are split at a time; a mixed region beyond the cap stays whole (counted in
+//! [`DetailStats::refused`]). A split
 //! region whose pages are uniform again ([`hybrid::uniform`]) is merged at the next tick.
 //! Moves of split regions take only some of their pages ([`hybrid::Step`],
 //! [`HotnessStore::pages_of`]); a split region is in the fast tier if any of its pages is, and
