@@ -128,7 +128,7 @@ pub fn page_cutoff(pages: &PagesByHeat, budget_pages: u64) -> u8 {
 
 /// A split region's pages counted by tier and heat, in one pass over them: everything the
 /// planning rules ask of a region ([`page_cutoff`]'s heats, [`select`]'s counts, whether
-/// [`touch_up`] has work), without walking its pages again for each question. Planning a
+/// [`touch_ups`] has work), without walking its pages again for each question. Planning a
 /// 1 TiB guest asks these of tens of thousands of split regions each tick (docs/policies.md,
 /// "Scale").
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -218,7 +218,9 @@ impl Census {
         self.fast[..below].iter().map(|&n| u64::from(n)).sum()
     }
 
-    /// [`touch_up`] of the counted pages.
+    /// The moves that keep a split region in the fast tier up to date with its pages, beside
+    /// the policy's plan ([`touch_ups`]): whether newly hot pages should join it
+    /// ([`Step::Promote`]) and whether cold ones should leave ([`Step::Trim`]).
     pub fn touch_up(&self, hot_min: u8) -> (bool, bool) {
         (self.slow_from(hot_min.max(1)) > 0, self.trim(hot_min) > 0)
     }
@@ -246,13 +248,6 @@ const HEATS: usize = HeatRecord::MAX_HEAT as usize + 1;
 /// How many pages [`select`] with [`Step::Promote`] picks, in one pass.
 pub fn promote_count(pages: &[HeatRecord], hot_min: u8) -> u64 {
     Census::of(pages).promote(hot_min)
-}
-
-/// The moves that keep a split region in the fast tier up to date with its pages, beside the
-/// policy's plan: whether newly hot pages should join it ([`Step::Promote`]) and whether cold
-/// ones should leave ([`Step::Trim`]).
-pub fn touch_up(pages: &[HeatRecord], hot_min: u8) -> (bool, bool) {
-    Census::of(pages).touch_up(hot_min)
 }
 
 /// Touch-up moves for every split region in the fast tier: `(region, step, pages it

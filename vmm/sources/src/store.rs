@@ -127,6 +127,12 @@ impl Cover {
     }
 }
 
+/// The fraction of a report's samples that found its range accessed; `None` without samples
+/// (such a report carries no evidence: it covers, it does not count).
+fn access_fraction(a: &RegionAccess) -> Option<f64> {
+    (a.samples > 0).then(|| f64::from(a.hits.min(a.samples)) / f64::from(a.samples))
+}
+
 /// One RAM range as the store indexes it.
 #[derive(Clone, Copy, Debug)]
 struct Span {
@@ -668,16 +674,9 @@ impl HotnessStore {
         )
     }
 
-    /// The touch-up moves of split regions in the fast tier ([`hybrid::touch_ups`]).
-    pub fn touch_ups(&self, hot_min: u8) -> Vec<(Granule, Step)> {
-        self.touch_ups_counted(hot_min)
-            .into_iter()
-            .map(|(g, s, _)| (g, s))
-            .collect()
-    }
-
-    /// [`Self::touch_ups`] with the pages each moves.
-    fn touch_ups_counted(&self, hot_min: u8) -> Vec<(Granule, Step, u64)> {
+    /// The touch-up moves of split regions in the fast tier, with the pages each moves
+    /// ([`hybrid::touch_ups`]).
+    pub fn touch_ups(&self, hot_min: u8) -> Vec<(Granule, Step, u64)> {
         let Some(d) = self.detail.as_ref() else {
             return Vec::new();
         };
@@ -711,7 +710,7 @@ impl HotnessStore {
         let fast = self.tier_bytes().fast;
         let mut room = budget_bytes.saturating_sub(fast) / 4096;
         let over = fast.saturating_sub(budget_bytes).div_ceil(4096);
-        let ups = self.touch_ups_counted(hot_min);
+        let ups = self.touch_ups(hot_min);
         // Pages that would take DRAM if they could: every page of a hot whole region on the
         // slow tier, then the hot slow pages of split regions (heat at least `hot_min`);
         // counted only as far as it matters (past the room left plus every trim, all run).
@@ -868,13 +867,8 @@ impl HotnessStore {
                 outside = outside.saturating_add(a.len);
                 continue;
             };
-            // A report without samples carries no evidence: it covers, it does not count.
             let hits = a.hits.min(a.samples);
-            let fraction = if a.samples == 0 {
-                None
-            } else {
-                Some(f64::from(hits) / f64::from(a.samples))
-            };
+            let fraction = access_fraction(a);
             let mut covered = 0u64;
             for s in &self.spans {
                 // Layout construction checked hva + len fits.
@@ -958,10 +952,8 @@ impl HotnessStore {
                         ..Seen::default()
                     });
                     let (plo, phi) = (lo.max(rlo), hi.min(rhi));
-                    if a.samples > 0 {
-                        let hits = a.hits.min(a.samples);
-                        let fraction = f64::from(hits) / f64::from(a.samples);
-                        c.cover.add(phi - plo, fraction, hits);
+                    if let Some(fraction) = access_fraction(a) {
+                        c.cover.add(phi - plo, fraction, a.hits.min(a.samples));
                     }
                     c.covered += phi - plo;
                     c.seen.min_gain = c.seen.min_gain.min(gain);
@@ -1513,7 +1505,7 @@ mod tests {
         s.split_regions(&mut list);
         assert_eq!(list, vec![1]);
         let ups = s.touch_ups(4);
-        assert_eq!(ups, vec![(Granule(1), Step::Trim)]);
+        assert_eq!(ups, vec![(Granule(1), Step::Trim, 16)]);
         assert_eq!(s.apply(Granule(1), Step::Trim, 4), 16);
         assert!(!s.records()[1].is_fast());
         s.tick();
@@ -1651,7 +1643,8 @@ mod tests {
                 s.tick();
                 s.observe(if hot3 { &r3 } else { &[] });
             }
-            assert_eq!(s.touch_ups(4), vec![(Granule(1), Step::Trim)], "{case}");
+            let ups = s.touch_ups(4);
+            assert_eq!(ups, vec![(Granule(1), Step::Trim, 16)], "{case}");
             let plan = s.touch_up_plan(4, budget, 1 << 20);
             let trimmed = plan.contains(&(Granule(1), Step::Trim));
             assert_eq!(trimmed, want, "{case}: {plan:?}");
