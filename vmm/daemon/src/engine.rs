@@ -2055,7 +2055,12 @@ fn recheck_layout(
             vm.problems.clear(&name, Component::Layout);
             Ok(true)
         }
-        Err(BackendError::Gone(e)) => Err(Lost::VmGone(e)),
+        // The process exiting is the cause; what the backend tripped over (a QMP socket QEMU
+        // removed on its way out) is a consequence.
+        Err(BackendError::Gone(e)) => {
+            alive(vm)?;
+            Err(Lost::VmGone(e))
+        }
         Err(BackendError::Unavailable(e)) => {
             vm.problems.set(
                 &name,
@@ -2130,10 +2135,16 @@ mod tests {
             Some(!exited)
         }
         fn layout(&mut self) -> Result<GuestMemoryLayout, BackendError> {
-            self.0
-                .lock()
-                .unwrap()
-                .clone()
+            let mut l = self.0.lock().unwrap();
+            // A layout of pid -1 stands for "the process exits while its layout is read":
+            // QEMU removes its QMP socket on the way out.
+            if l.as_ref().is_some_and(|l| l.pid.raw() == -1) {
+                *l = l.take().map(|l| one_range(0, l.total_bytes()));
+                return Err(BackendError::Gone(
+                    "QMP failed: Cannot connect to QMP socket".into(),
+                ));
+            }
+            l.clone()
                 .ok_or_else(|| BackendError::Unavailable("QMP connection closed".into()))
         }
     }
@@ -2629,6 +2640,30 @@ mod tests {
         e.tick();
         assert_eq!(w.lock().unwrap().calls, calls, "nothing migrated");
         assert_eq!(dram_bytes(&w), 0);
+        let st = e.status(&vm).unwrap().summary.state;
+        assert!(st.starts_with("failed: The VMM process exited"), "{st}");
+    }
+
+    #[test]
+    fn a_process_exiting_while_its_layout_is_read_is_failed_as_exited() {
+        let len = 64 * MIB;
+        let w = world(len);
+        let hot = Arc::new(Mutex::new((0, 8 * MIB)));
+        let layout: SharedLayout = Arc::new(Mutex::new(Some(one_range(7, len))));
+        let mut e = engine(&w, 1000);
+        let vm: VmId = "g".parse().unwrap();
+        e.attach(
+            vm.clone(),
+            ByteSize(16 * MIB),
+            parts_with(&w, 7, len, &hot, layout.clone()),
+        )
+        .unwrap();
+        e.tick();
+        *layout.lock().unwrap() = Some(one_range(-1, len));
+        // refresh_ticks is 5 in these tests: one of these re-reads the layout.
+        for _ in 0..5 {
+            e.tick();
+        }
         let st = e.status(&vm).unwrap().summary.state;
         assert!(st.starts_with("failed: The VMM process exited"), "{st}");
     }
