@@ -165,16 +165,16 @@ fn time_hybrid(pages_log2: u32, rng: &mut Rng) -> Result<Hybrid, sim::Error> {
         let mut e = plan.enforce(store.records(), fast_budget, max_moves);
         let move_pages = max_moves * 512;
         let fitted = store.fit(&mut e, budget, move_pages, hot_min, |_| false);
-        let ups = store.touch_up_plan(hot_min, budget, move_pages - fitted);
+        let ups = store.touch_up_plan(hot_min, budget, move_pages - fitted.moved);
         plan_ms += t.elapsed().as_secs_f64() * 1e3;
         for &g in &e.demote {
             store.apply(g, hybrid::Step::Demote, hot_min);
         }
         for &g in &e.promote {
-            store.apply(g, hybrid::Step::Promote, hot_min);
+            store.apply(g, hybrid::Step::Promote, fitted.hot_min(g, hot_min));
         }
-        for (g, step) in ups {
-            store.apply(g, step, hot_min);
+        for (g, step, hm) in ups {
+            store.apply(g, step, hm);
         }
         if store.tier_bytes().fast > budget {
             return Err(sim::Error::Config("hybrid scale run went over its budget"));

@@ -1029,15 +1029,15 @@ pub fn run_logged(
             last_move[i] = stamp_now;
             allocated[i] = true;
             if hybrid {
-                let step = if to == Tier::Fast {
-                    Step::Promote
+                let (step, hm) = if to == Tier::Fast {
+                    (Step::Promote, fitted.hot_min(g, hot_min))
                 } else {
-                    Step::Demote
+                    (Step::Demote, hot_min)
                 };
                 // A split region moves only some of its pages: each page counts on its own.
                 res.pingpong_pages +=
-                    stamp_pages(&store, &mut page_move, (g, step, hot_min), stamp_now, cfg);
-                moved_pages += store.apply(g, step, hot_min);
+                    stamp_pages(&store, &mut page_move, (g, step, hm), stamp_now, cfg);
+                moved_pages += store.apply(g, step, hm);
                 moved += 1;
                 continue;
             }
@@ -1054,11 +1054,11 @@ pub fn run_logged(
         }
         if hybrid {
             // Split regions in DRAM follow their pages, as the engine's touch-ups.
-            let left = moves_pages.saturating_sub(fitted);
-            for (g, step) in store.touch_up_plan(hot_min, budget_pages * page_bytes, left) {
+            let left = moves_pages.saturating_sub(fitted.moved);
+            for (g, step, hm) in store.touch_up_plan(hot_min, budget_pages * page_bytes, left) {
                 res.pingpong_pages +=
-                    stamp_pages(&store, &mut page_move, (g, step, hot_min), stamp_now, cfg);
-                moved_pages += store.apply(g, step, hot_min);
+                    stamp_pages(&store, &mut page_move, (g, step, hm), stamp_now, cfg);
+                moved_pages += store.apply(g, step, hm);
                 moved += 1;
             }
             fast_pages = store.tier_bytes().fast / page_bytes;

@@ -245,11 +245,6 @@ impl Census {
 /// Heat values, `0..=`[`HeatRecord::MAX_HEAT`].
 const HEATS: usize = HeatRecord::MAX_HEAT as usize + 1;
 
-/// How many pages [`select`] with [`Step::Promote`] picks, in one pass.
-pub fn promote_count(pages: &[HeatRecord], hot_min: u8) -> u64 {
-    Census::of(pages).promote(hot_min)
-}
-
 /// Touch-up moves for every split region in the fast tier: `(region, step, pages it
 /// moves)`, trims first. `regions` yields `(region index, pages)` of the split regions.
 pub fn touch_ups<'a>(
@@ -313,13 +308,62 @@ pub fn policy_budget(budget_pages: u64, by_heat: &CostByHeat) -> u64 {
     n.max(budget_pages / REGION_PAGES)
 }
 
+/// What promoting a region takes ([`fit`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PromoteCost {
+    /// A whole region: all of its pages.
+    Whole(u64),
+    /// A split region: the pages [`select`] picks for each `hot_min`
+    /// ([`Census::promote_by_hot_min`]).
+    Split([u16; HEATS]),
+}
+
+/// A split region's hottest pages that fit when all its pages at `hot_min` or more do not:
+/// the lowest higher `hot_min` whose promotion `fits`, and its pages. `by` holds the pages a
+/// promotion takes for each `hot_min` ([`Census::promote_by_hot_min`]; they shrink as it
+/// grows, down to the region's hottest slow pages). Pages of one heat go together or not at
+/// all: the sources cannot tell them apart.
+pub fn hottest_that_fit(
+    by: &[u16; HEATS],
+    hot_min: u8,
+    fits: impl Fn(u64) -> bool,
+) -> Option<(u8, u64)> {
+    let from = usize::from(hot_min.min(HeatRecord::MAX_HEAT)) + 1;
+    let h = (from..HEATS).find(|&h| by[h] > 0 && fits(u64::from(by[h])))?;
+    Some((u8::try_from(h).ok()?, u64::from(by[h])))
+}
+
+/// What [`fit`] left of a plan's moves.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Fitted {
+    /// Pages the trimmed plan moves.
+    pub moved: u64,
+    /// Split regions promoted only in part, and the `hot_min` that picks their hottest pages
+    /// that fit; the other promotions use the tick's.
+    pub partial: Vec<(Granule, u8)>,
+}
+
+impl Fitted {
+    /// The `hot_min` a promotion of `g` uses (`hot_min`: the tick's).
+    pub fn hot_min(&self, g: Granule, hot_min: u8) -> u8 {
+        hot_min_of(&self.partial, g, hot_min)
+    }
+}
+
+/// The `hot_min` a move of `g` uses: its own if `partial` names it, else `hot_min`.
+pub fn hot_min_of(partial: &[(Granule, u8)], g: Granule, hot_min: u8) -> u8 {
+    partial.iter().find(|p| p.0 == g).map_or(hot_min, |p| p.1)
+}
+
 /// Trims an enforced plan to `budget_pages`, the hard limit, and to `move_pages` pages moved:
 /// after the plan's demotions (`demote_cost` pages each, in order), if the fast tier still
 /// holds more than the budget, the coldest other fast regions (`forcible` gives them, only
 /// then: `(region, pages held)`, coldest first) are forced out (a budget cut is not rate
-/// limited); then promotions run in plan order while their pages (`promote_cost`) fit in the
-/// budget and in the moves left (the first one always) — the others are deferred. `used` is
-/// the pages in the fast tier now. Returns the pages the trimmed plan moves.
+/// limited); then promotions run in plan order while their pages (`promote_cost`, with
+/// `hot_min`) fit in the budget and in the moves left (the first one always). A split region
+/// whose hot pages do not all fit moves its hottest that do (a higher `hot_min` for it:
+/// [`Fitted::partial`]); the other promotions are deferred. `used` is the pages in the fast
+/// tier now.
 ///
 /// The policy counts moves in regions; with split regions moving a few pages each, the caller
 /// gives it a move limit in pages (as many regions as pages) and this holds the real one.
@@ -327,10 +371,11 @@ pub fn fit(
     e: &mut Enforced,
     used: u64,
     (budget_pages, move_pages): (u64, u64),
+    hot_min: u8,
     demote_cost: impl Fn(Granule) -> u64,
     forcible: impl FnOnce() -> Vec<(Granule, u64)>,
-    promote_cost: impl Fn(Granule) -> u64,
-) -> u64 {
+    promote_cost: impl Fn(Granule) -> PromoteCost,
+) -> Fitted {
     let demoted: u64 = e.demote.iter().map(|&g| demote_cost(g)).sum();
     let mut moved = demoted;
     let mut used = used.saturating_sub(demoted);
@@ -350,18 +395,51 @@ pub fn fit(
         }
     }
     let before = e.promote.len();
-    e.promote.retain(|&g| {
-        let c = promote_cost(g);
-        // At least one move per tick, as the policy's limit is at least one region.
-        let fits = used + c <= budget_pages && (moved + c <= move_pages || moved == 0);
-        if fits {
+    let hm = usize::from(hot_min.min(HeatRecord::MAX_HEAT));
+    let costs: Vec<PromoteCost> = e.promote.iter().map(|&g| promote_cost(g)).collect();
+    // At least one move per tick, as the policy's limit is at least one region.
+    let fits = |c: u64, used: u64, moved: u64| {
+        used + c <= budget_pages && (moved + c <= move_pages || moved == 0)
+    };
+    // First every promotion that fits whole, in plan order; then, with what is left, the
+    // hottest pages of the split regions that did not (by[h] shrinks as `hot_min` grows,
+    // down to the region's hottest page).
+    let mut take: Vec<Option<u8>> = costs
+        .iter()
+        .map(|&cost| {
+            let c = match cost {
+                PromoteCost::Whole(c) => c,
+                PromoteCost::Split(by) => u64::from(by[hm]),
+            };
+            fits(c, used, moved).then(|| {
+                used += c;
+                moved += c;
+                hot_min
+            })
+        })
+        .collect();
+    let mut partial = Vec::new();
+    for (k, &cost) in costs.iter().enumerate() {
+        let PromoteCost::Split(by) = cost else {
+            continue;
+        };
+        if take[k].is_some() {
+            continue;
+        }
+        if let Some((h, c)) = hottest_that_fit(&by, hot_min, |c| fits(c, used, moved)) {
             used += c;
             moved += c;
+            take[k] = Some(h);
+            partial.push((e.promote[k], h));
         }
-        fits
+    }
+    let mut k = 0;
+    e.promote.retain(|_| {
+        k += 1;
+        take[k - 1].is_some()
     });
     e.deferred += (before - e.promote.len()) as u64;
-    moved
+    Fitted { moved, partial }
 }
 
 /// Bytes of tracking state per 4 KiB page of a hybrid store over `pages` pages with `split`
@@ -448,7 +526,7 @@ mod tests {
         assert_eq!(select(&weak, Step::Promote, 4).collect::<Vec<_>>(), vec![1]);
         for (ps, hot_min) in [(&p, 4), (&p, 16), (&p, 0), (&weak, 4), (&weak, 1)] {
             assert_eq!(
-                promote_count(ps, hot_min),
+                Census::of(ps).promote(hot_min),
                 select(ps, Step::Promote, hot_min).count() as u64
             );
         }
@@ -624,19 +702,80 @@ mod tests {
                 promote: g(&promote),
                 ..Enforced::default()
             };
-            let moved = fit(
+            let f = fit(
                 &mut e,
                 used,
                 (budget, moves),
+                4,
                 cost,
                 || forcible.iter().map(|&(r, p)| (Granule(r), p)).collect(),
-                cost,
+                |x| PromoteCost::Whole(cost(x)),
             );
             assert_eq!(
-                (e.demote, e.promote, e.forced, e.deferred, moved),
+                (e.demote, e.promote, e.forced, e.deferred, f.moved),
                 (g(&want.0), g(&want.1), want.2, want.3, want.4),
                 "{used} {budget} {moves}"
             );
+            assert!(f.partial.is_empty());
+        }
+    }
+
+    #[test]
+    fn split_regions_that_do_not_fit_move_their_hottest_pages_that_do() {
+        // Split regions 1-3, each with slow pages at heats 4, 8 and 20 (`n` of each), whole
+        // region 9 of 512 pages; hot_min 4. (budget left, move pages, plan order)
+        //   -> (promoted with their hot_min, deferred, pages moved)
+        let split = |g: u32, n: u16| -> PromoteCost {
+            let mut c = Census {
+                slow: [0; HEATS],
+                fast: [0; HEATS],
+            };
+            for h in [4, 8, 20] {
+                c.slow[h] = n * u16::try_from(g).unwrap();
+            }
+            PromoteCost::Split(c.promote_by_hot_min())
+        };
+        let cost = |g: Granule| match g.0 {
+            9 => PromoteCost::Whole(512),
+            r => split(r, 10),
+        };
+        type Case = (u64, u64, Vec<u32>, (Vec<(u32, u8)>, u64, u64));
+        let cases: Vec<Case> = vec![
+            // Everything fits: the tick's hot_min for all.
+            (999, 999, vec![1, 2], (vec![(1, 4), (2, 4)], 0, 90)),
+            // Region 3 (90 pages at 4+) does not fit in 50 left: its 30 at 20 do (hot_min 9
+            // is the lowest that picks just them).
+            (50, 999, vec![3], (vec![(3, 9)], 0, 30)),
+            // The move limit, not the budget: after 1 (30 pages), 3's pages at 8 and more
+            // (60) fit in the 70 moves left.
+            (999, 100, vec![1, 3], (vec![(1, 4), (3, 5)], 0, 90)),
+            // Whole promotions first: 1 (30) fits, 9 does not, 3 (90) does not; what is left
+            // (40) takes 3's hottest 30. Plan order stays.
+            (70, 999, vec![3, 9, 1], (vec![(3, 9), (1, 4)], 1, 60)),
+            // Not even the hottest heat fits: deferred.
+            (20, 999, vec![3], (vec![], 1, 0)),
+            // The first move of a tick may pass the move limit, never the budget.
+            (999, 10, vec![2], (vec![(2, 4)], 0, 60)),
+        ];
+        for (budget, moves, plan, want) in cases {
+            let mut e = Enforced {
+                promote: plan.iter().copied().map(Granule).collect(),
+                ..Enforced::default()
+            };
+            let f = fit(&mut e, 0, (budget, moves), 4, |_| 0, Vec::new, cost);
+            let got: Vec<(u32, u8)> = e.promote.iter().map(|&g| (g.0, f.hot_min(g, 4))).collect();
+            assert_eq!(
+                (got, e.deferred, f.moved),
+                want,
+                "{budget} {moves} {plan:?}"
+            );
+            // The partial hot_min picks the pages fit counted.
+            for &(g, h) in &f.partial {
+                let PromoteCost::Split(by) = cost(g) else {
+                    unreachable!()
+                };
+                assert!(u64::from(by[usize::from(h)]) <= budget.min(moves));
+            }
         }
     }
 

@@ -1005,23 +1005,26 @@ fn touch_up(
     deadline: Instant,
 ) -> Result<(), Lost> {
     let ups = vm.store.touch_up_plan(hot_min, vm.budget_bytes, moves);
-    let of = |step: Step| -> Vec<Granule> {
-        ups.iter()
-            .filter(|(_, s)| *s == step)
-            .map(|(g, _)| *g)
-            .collect()
-    };
+    let of =
+        |step: Step| -> Vec<Granule> { ups.iter().filter(|u| u.1 == step).map(|u| u.0).collect() };
+    // Promotions of only the hottest pages that fit carry their own `hot_min`.
+    let partial: Vec<(Granule, u8)> = ups
+        .iter()
+        .filter(|u| u.2 != hot_min)
+        .map(|u| (u.0, u.2))
+        .collect();
     let (trims, promote) = (of(Step::Trim), of(Step::Promote));
-    move_granules(cfg, migrator, vm, &trims, Step::Trim, hot_min, deadline)?;
     move_granules(
         cfg,
         migrator,
         vm,
-        &promote,
-        Step::Promote,
-        hot_min,
+        &trims,
+        Step::Trim,
+        (hot_min, &[]),
         deadline,
     )?;
+    let hm = (hot_min, &partial[..]);
+    move_granules(cfg, migrator, vm, &promote, Step::Promote, hm, deadline)?;
     Ok(())
 }
 
@@ -1532,7 +1535,7 @@ fn tick_vm(
         vm,
         &e.demote,
         Step::Demote,
-        hot_min,
+        (hot_min, &[]),
         deadline,
     )?;
     // Demotions that did not complete still hold DRAM: promote only into real room.
@@ -1547,11 +1550,11 @@ fn tick_vm(
         vm,
         &e.promote[..n],
         Step::Promote,
-        hot_min,
+        (hot_min, &fitted.partial),
         deadline,
     )?;
     if vm.store.is_hybrid() {
-        let left = move_pages.saturating_sub(fitted);
+        let left = move_pages.saturating_sub(fitted.moved);
         touch_up(cfg, migrator, vm, hot_min, left, deadline)?;
         let st = vm.store.detail_stats();
         debug!(
@@ -1622,7 +1625,7 @@ fn enforce_pins(
         .copied()
         .collect();
     *moves_left = moves_left.saturating_sub(demote.len() as u64);
-    move_granules(cfg, migrator, vm, &demote, Step::Demote, 0, deadline)?;
+    move_granules(cfg, migrator, vm, &demote, Step::Demote, ALL, deadline)?;
 
     let recs = vm.store.records();
     let want: Vec<Granule> = vm
@@ -1665,14 +1668,14 @@ fn enforce_pins(
             .map(|(_, g)| g)
             .collect();
         *moves_left = moves_left.saturating_sub(victims.len() as u64);
-        let freed = move_granules(cfg, migrator, vm, &victims, Step::Demote, 0, deadline)?;
+        let freed = move_granules(cfg, migrator, vm, &victims, Step::Demote, ALL, deadline)?;
         p = p.min(room.saturating_add(freed));
     }
     let p = usize::try_from(p).unwrap_or(usize::MAX).min(want.len());
     *moves_left = moves_left.saturating_sub(p as u64);
     vm.metrics.deferred_granules += (want.len() - p) as u64;
-    // A pinned region moves whole, split or not (hot_min 0 takes every page).
-    move_granules(cfg, migrator, vm, &want[..p], Step::Promote, 0, deadline)?;
+    // A pinned region moves whole, split or not (hot_min 0: every page with any heat).
+    move_granules(cfg, migrator, vm, &want[..p], Step::Promote, ALL, deadline)?;
     Ok(())
 }
 
@@ -1891,7 +1894,7 @@ fn move_granules(
     vm: &mut Vm,
     granules: &[Granule],
     step: Step,
-    hot_min: u8,
+    hot_min: HotMin<'_>,
     deadline: Instant,
 ) -> Result<u64, Lost> {
     let per_granule = usize::try_from(cfg.granule.base_pages())
@@ -1914,6 +1917,13 @@ fn move_granules(
     Ok(done)
 }
 
+/// How hot a split region's pages must be to move with it (hybrid tracking): the tick's
+/// `hot_min`, and the regions promoted only in part with their own ([`hybrid::Fitted`]).
+type HotMin<'a> = (u8, &'a [(Granule, u8)]);
+
+/// A split region's every page with any heat (a demotion takes every fast page anyway).
+const ALL: HotMin<'static> = (0, &[]);
+
 /// One migrator call for `granules`; see [`move_granules`]. A split region (hybrid
 /// tracking) moves the pages `step` picks and takes each page's outcome; it is never retried
 /// (what did not move is picked again by a later plan or touch-up).
@@ -1923,7 +1933,7 @@ fn move_batch(
     vm: &mut Vm,
     granules: &[Granule],
     step: Step,
-    hot_min: u8,
+    (hot_min, partial): HotMin<'_>,
 ) -> Result<u64, Lost> {
     if granules.is_empty() {
         return Ok(0);
@@ -1938,7 +1948,8 @@ fn move_batch(
     let mut addrs = Vec::new();
     for &g in granules {
         addrs.clear();
-        vm.store.pages_of(g, step, hot_min, &mut addrs);
+        let hm = hybrid::hot_min_of(partial, g, hot_min);
+        vm.store.pages_of(g, step, hm, &mut addrs);
         pages.extend(addrs.iter().map(|&addr| PageRef {
             addr,
             size: PageSize::Base,
@@ -3699,6 +3710,42 @@ mod tests {
                 assert_eq!(e.status(&vm).unwrap().hybrid, None);
             }
         }
+    }
+
+    #[test]
+    fn a_split_region_past_the_move_limit_moves_its_hottest_pages_that_fit() {
+        // One granule (512 pages) a tick. Region A: 400 hot pages; region B, a little cooler:
+        // 100 pages warm, 100 lukewarm. When A moves, the 112 pages left of the tick's limit
+        // take B's 100 warm pages, not B's 200 nor nothing.
+        let len = 256 * MIB;
+        let (a, b) = (64 * MIB, 68 * MIB);
+        let hot = [
+            (a, 400 * 4096, 20),
+            (b, 100 * 4096, 14),
+            (b + 100 * 4096, 100 * 4096, 5),
+        ];
+        let (w, mut e, vm) = hybrid_vm(len, 30, 16 * MIB, &hot);
+        e.set_rate_limit(&vm, Some(2 * MIB)).unwrap();
+        let mut seen = false;
+        for t in 1..=8 {
+            e.tick();
+            if pages_in_dram(&w, a, 400 * 4096) == 0 {
+                continue;
+            }
+            let got = (
+                pages_in_dram(&w, a, 400 * 4096),
+                pages_in_dram(&w, b, 100 * 4096),
+                pages_in_dram(&w, b + 100 * 4096, 100 * 4096),
+            );
+            assert_eq!(got, (400, 100, 0), "tick {t}");
+            seen = true;
+            break;
+        }
+        assert!(seen, "A never reached DRAM");
+        // The tick after, a touch-up brings the rest of B's hot pages.
+        e.tick();
+        assert_eq!(pages_in_dram(&w, b + 100 * 4096, 100 * 4096), 100);
+        assert_eq!(dram_bytes(&w), 600 * 4096);
     }
 
     #[test]

@@ -48,7 +48,7 @@
 //! with `detail_percent = 20` at most about 0.21 byte per 4 KiB page
 //! ([`hybrid::bytes_per_page`]).
 
-use vmtier_core::hybrid::{self, Census, RegionSeen, Step};
+use vmtier_core::hybrid::{self, Census, Fitted, PromoteCost, RegionSeen, Step};
 use vmtier_core::policy::{Enforced, Granule, HeatRecord, Tier};
 use vmtier_core::{GranuleSize, GuestMemoryLayout, GuestPhysAddr, HostVirtAddr, RegionAccess};
 
@@ -630,9 +630,9 @@ impl HotnessStore {
     }
 
     /// Hybrid tracking: trims an enforced plan to `budget_bytes` of DRAM and `move_pages`
-    /// pages moved ([`hybrid::fit`]); returns the pages it moves. Granules for which `held`
-    /// is true (pinned in DRAM) count as used but are never forced out. Nothing without
-    /// hybrid tracking (returns 0).
+    /// pages moved ([`hybrid::fit`]); returns the pages it moves and the split regions
+    /// promoted in part. Granules for which `held` is true (pinned in DRAM) count as used but
+    /// are never forced out. Nothing without hybrid tracking.
     pub fn fit(
         &self,
         e: &mut Enforced,
@@ -640,9 +640,9 @@ impl HotnessStore {
         move_pages: u64,
         hot_min: u8,
         held: impl Fn(Granule) -> bool,
-    ) -> u64 {
+    ) -> Fitted {
         if self.detail.is_none() {
-            return 0;
+            return Fitted::default();
         }
         let used = self.tier_bytes().fast / 4096;
         // Only when over the budget: fast regions not held, coldest first.
@@ -661,13 +661,14 @@ impl HotnessStore {
                 .collect()
         };
         let promote_cost = |g: Granule| match self.detail(g) {
-            Some(pages) => hybrid::promote_count(pages, hot_min),
-            None => self.span(g).map_or(0, |s| s.len / 4096),
+            Some(pages) => PromoteCost::Split(Census::of(pages).promote_by_hot_min()),
+            None => PromoteCost::Whole(self.span(g).map_or(0, |s| s.len / 4096)),
         };
         hybrid::fit(
             e,
             used,
             (budget_bytes / 4096, move_pages),
+            hot_min,
             |g| self.fast_pages(g),
             forcible,
             promote_cost,
@@ -692,9 +693,11 @@ impl HotnessStore {
             .collect()
     }
 
-    /// What to run of [`Self::touch_ups`] this tick: at most `move_pages` pages, trims first,
-    /// then promotions whose pages fit in the DRAM left under `budget_bytes` (counted before
-    /// the trims, which may fail). Trims run only while pages waiting for DRAM — every page of
+    /// What to run of [`Self::touch_ups`] this tick, each with the `hot_min` its pages are
+    /// picked with: at most `move_pages` pages, trims first, then promotions whose pages fit
+    /// in the DRAM left under `budget_bytes` (counted before the trims, which may fail); a
+    /// promotion whose pages do not all fit takes its hottest that do
+    /// ([`hybrid::hottest_that_fit`]). Trims run only while pages waiting for DRAM — every page of
     /// a hot whole region on the slow tier, the slow pages at `hot_min` or more of split
     /// regions — exceed that room (or the fast tier is over the budget), and only until they
     /// would free the difference: a trim makes room, and without a page waiting for it, it
@@ -705,7 +708,7 @@ impl HotnessStore {
         hot_min: u8,
         budget_bytes: u64,
         move_pages: u64,
-    ) -> Vec<(Granule, Step)> {
+    ) -> Vec<(Granule, Step, u8)> {
         let mut left = move_pages;
         let fast = self.tier_bytes().fast;
         let mut room = budget_bytes.saturating_sub(fast) / 4096;
@@ -751,7 +754,20 @@ impl HotnessStore {
         let mut to_free = wanted.saturating_sub(room).saturating_add(over);
         let mut out = Vec::new();
         for (g, step, n) in ups {
-            if n > left || (step == Step::Promote && n > room) {
+            let mut hm = hot_min;
+            let mut n = n;
+            if step == Step::Promote && (n > left || n > room) {
+                // Its hottest pages that fit, as `hybrid::fit` takes for the plan.
+                let (Some(pages), true) = (self.detail(g), left.min(room) > 0) else {
+                    continue;
+                };
+                let by = Census::of(pages).promote_by_hot_min();
+                let Some(p) = hybrid::hottest_that_fit(&by, hot_min, |c| c <= left.min(room))
+                else {
+                    continue;
+                };
+                (hm, n) = p;
+            } else if n > left {
                 continue;
             }
             if step == Step::Trim {
@@ -764,7 +780,7 @@ impl HotnessStore {
             if step == Step::Promote {
                 room -= n;
             }
-            out.push((g, step));
+            out.push((g, step, hm));
         }
         out
     }
@@ -1646,8 +1662,53 @@ mod tests {
             let ups = s.touch_ups(4);
             assert_eq!(ups, vec![(Granule(1), Step::Trim, 16)], "{case}");
             let plan = s.touch_up_plan(4, budget, 1 << 20);
-            let trimmed = plan.contains(&(Granule(1), Step::Trim));
+            let trimmed = plan.contains(&(Granule(1), Step::Trim, 4));
             assert_eq!(trimmed, want, "{case}: {plan:?}");
+        }
+    }
+
+    #[test]
+    fn touch_ups_without_room_for_every_hot_page_take_the_hottest() {
+        let m2 = 2u64 << 20;
+        let p = |n: u64| n * 4096;
+        // r0 split and its first 16 pages in DRAM; then pages 16-31 are seen in every sample,
+        // 32-47 in a third of them (heat 13): 32 hot slow pages, 16 of them hotter.
+        // (room in pages, move pages) -> (hot_min of the touch-up, pages it moves)
+        let cases = [
+            (40, 1 << 20, Some((4, 32))),
+            (20, 1 << 20, Some((14, 16))),
+            (40, 20, Some((14, 16))),
+            (10, 1 << 20, None),
+        ];
+        for (room, moves, want) in cases {
+            let mut s = hybrid(4, 100);
+            s.tick();
+            s.observe(&[acc(A, p(16), 20), acc(A + p(16), m2 - p(16), 0)]);
+            assert_eq!(s.apply(Granule(0), Step::Promote, 4), 16);
+            s.tick();
+            s.observe(&[
+                acc(A, p(32), 20),
+                acc(A + p(32), p(16), 7),
+                acc(A + p(48), m2 - p(48), 0),
+            ]);
+            let plan = s.touch_up_plan(4, p(16 + room), moves);
+            let got = plan.first().map(|&(g, step, hm)| {
+                assert_eq!((g, step, plan.len()), (Granule(0), Step::Promote, 1));
+                (hm, s.apply(g, step, hm))
+            });
+            assert_eq!(got, want, "room {room}, moves {moves}");
+            // The pages that moved are the hottest: 16-31 always, 32-47 only with room.
+            let d = s.detail(Granule(0)).unwrap();
+            let fast: Vec<bool> = [15, 16, 31, 32, 47]
+                .iter()
+                .map(|&i| d[i].is_fast())
+                .collect();
+            let all = want.is_some_and(|w| w.1 == 32);
+            assert_eq!(
+                fast,
+                [true, want.is_some(), want.is_some(), all, all],
+                "room {room}"
+            );
         }
     }
 
