@@ -92,10 +92,24 @@ impl Step {
     }
 }
 
+/// The `hot_min` with which a promotion moves every slow page of a split region, cold ones
+/// too: a region pinned to DRAM moves whole. Every other `hot_min` is at least 1.
+pub const EVERY_PAGE: u8 = 0;
+
+/// The least heat of the slow pages a promotion with `hot_min` moves from a region whose
+/// hottest page is at `hottest`.
+fn promote_min(hot_min: u8, hottest: u8) -> u8 {
+    if hot_min == EVERY_PAGE {
+        0
+    } else {
+        hot_min.min(hottest).max(1)
+    }
+}
+
 /// Indices of the pages of a split region that `step` moves.
 pub fn select(pages: &[HeatRecord], step: Step, hot_min: u8) -> impl Iterator<Item = usize> + '_ {
     let hottest = pages.iter().map(|p| p.heat()).max().unwrap_or(0);
-    let min = hot_min.min(hottest).max(1);
+    let min = promote_min(hot_min, hottest);
     pages
         .iter()
         .enumerate()
@@ -195,7 +209,7 @@ impl Census {
 
     /// The pages [`select`] with [`Step::Promote`] picks.
     pub fn promote(&self, hot_min: u8) -> u64 {
-        self.slow_from(hot_min.min(self.hottest()).max(1))
+        self.slow_from(promote_min(hot_min, self.hottest()))
     }
 
     /// [`Self::promote`] for every `hot_min` from 0 to [`HeatRecord::MAX_HEAT`], in one pass.
@@ -208,7 +222,7 @@ impl Census {
         let hottest = self.hottest();
         std::array::from_fn(|hot_min| {
             let h = u8::try_from(hot_min).unwrap_or(HeatRecord::MAX_HEAT);
-            from[usize::from(h.min(hottest).max(1))]
+            from[usize::from(promote_min(h, hottest))]
         })
     }
 
@@ -524,6 +538,11 @@ mod tests {
         // Nothing reaches hot_min: the hottest slow pages still go.
         let weak = pages(&[(0, false), (2, false), (1, false)]);
         assert_eq!(select(&weak, Step::Promote, 4).collect::<Vec<_>>(), vec![1]);
+        // A pinned region: every slow page, cold ones too.
+        assert_eq!(
+            select(&p, Step::Promote, EVERY_PAGE).collect::<Vec<_>>(),
+            vec![0, 1, 4]
+        );
         for (ps, hot_min) in [(&p, 4), (&p, 16), (&p, 0), (&weak, 4), (&weak, 1)] {
             assert_eq!(
                 Census::of(ps).promote(hot_min),

@@ -1628,11 +1628,16 @@ fn enforce_pins(
     move_granules(cfg, migrator, vm, &demote, Step::Demote, ALL, deadline)?;
 
     let recs = vm.store.records();
+    // A split region is in DRAM for its pin only when every page is.
+    let out = |g: Granule| match vm.store.detail(g) {
+        Some(pages) => pages.iter().any(|p| !p.is_fast()),
+        None => !recs[g.index()].is_fast(),
+    };
     let want: Vec<Granule> = vm
         .pins_at
         .fast
         .iter()
-        .filter(|&&g| !recs[g.index()].is_fast() && !waiting(vm, &g))
+        .filter(|&&g| out(g) && !waiting(vm, &g))
         .copied()
         .collect();
     if want.is_empty() {
@@ -1674,7 +1679,7 @@ fn enforce_pins(
     let p = usize::try_from(p).unwrap_or(usize::MAX).min(want.len());
     *moves_left = moves_left.saturating_sub(p as u64);
     vm.metrics.deferred_granules += (want.len() - p) as u64;
-    // A pinned region moves whole, split or not (hot_min 0: every page with any heat).
+    // A pinned region moves whole, split or not.
     move_granules(cfg, migrator, vm, &want[..p], Step::Promote, ALL, deadline)?;
     Ok(())
 }
@@ -1921,8 +1926,9 @@ fn move_granules(
 /// `hot_min`, and the regions promoted only in part with their own ([`hybrid::Fitted`]).
 type HotMin<'a> = (u8, &'a [(Granule, u8)]);
 
-/// A split region's every page with any heat (a demotion takes every fast page anyway).
-const ALL: HotMin<'static> = (0, &[]);
+/// Every page of a split region ([`hybrid::EVERY_PAGE`]; a demotion takes every fast page
+/// anyway).
+const ALL: HotMin<'static> = (hybrid::EVERY_PAGE, &[]);
 
 /// One migrator call for `granules`; see [`move_granules`]. A split region (hybrid
 /// tracking) moves the pages `step` picks and takes each page's outcome; it is never retried
@@ -1968,11 +1974,13 @@ fn move_batch(
         let outcomes = report.outcomes.get(at..end).unwrap_or_default();
         let c = Counts::of(outcomes);
         let n = (end - at) as u64;
+        // A page not populated is on no node: it counts where it was sent, as a whole
+        // region's absent pages do (what the refresh finds later corrects it).
         let moved: Vec<(HostVirtAddr, Tier)> = if vm.store.detail(g).is_some() {
             pages[at..end]
                 .iter()
                 .zip(outcomes)
-                .filter(|(_, o)| matches!(o, PageOutcome::OnTarget))
+                .filter(|(_, o)| matches!(o, PageOutcome::OnTarget | PageOutcome::NotPresent))
                 .map(|(p, _)| (p.addr, tier))
                 .collect()
         } else {
@@ -3789,6 +3797,28 @@ mod tests {
             );
         }
         assert!(dram_bytes(&w) <= 2 * MIB, "over the cut budget");
+    }
+
+    #[test]
+    fn a_dram_pin_over_a_split_region_brings_its_cold_pages_too() {
+        // The pinned region is split (64 KiB hot, the rest never seen): the pin takes all
+        // 512 pages to DRAM, not only those with heat.
+        let len = 256 * MIB;
+        let hot: Vec<(u64, u64, u32)> = (0..4u64)
+            .map(|k| (64 * MIB + k * 4 * MIB + 128 * 1024, 64 * 1024, 20))
+            .collect();
+        let (w, mut e, vm) = hybrid_vm(len, 30, 8 * MIB, &hot);
+        for _ in 0..4 {
+            e.tick();
+        }
+        assert_eq!(e.status(&vm).unwrap().hybrid.unwrap().split_regions, 4);
+        e.set_pins(&vm, vec![pin(64 * MIB, 2 * MIB, PinTier::Dram)])
+            .unwrap();
+        for _ in 0..4 {
+            e.tick();
+        }
+        assert_eq!(pages_in_dram(&w, 64 * MIB, 2 * MIB), 512);
+        assert!(dram_bytes(&w) <= 8 * MIB);
     }
 
     #[test]
