@@ -2531,8 +2531,9 @@ mod tests {
         assert!(hot_in_dram(&w, 0, 16 * MIB) <= 8 * MIB);
     }
 
-    #[test]
-    fn lost_layout_degrades_and_a_new_one_restarts_tracking() {
+    /// VM `g` of process 7: 64 MiB, the first 8 MiB hot, a 16 MiB budget, and the layout
+    /// its backend reports.
+    fn layout_vm() -> (World, Engine, VmId, SharedLayout, u64) {
         let len = 64 * MIB;
         let w = world(len);
         let hot = Arc::new(Mutex::new((0, 8 * MIB)));
@@ -2545,6 +2546,12 @@ mod tests {
             parts_with(&w, 7, len, &hot, layout.clone()),
         )
         .unwrap();
+        (w, e, vm, layout, len)
+    }
+
+    #[test]
+    fn lost_layout_degrades_and_a_new_one_restarts_tracking() {
+        let (w, mut e, vm, layout, len) = layout_vm();
         let state = |e: &Engine| e.status(&vm).unwrap().summary.state;
         // refresh_ticks is 5 in these tests.
         *layout.lock().unwrap() = None;
@@ -2641,18 +2648,7 @@ mod tests {
 
     #[test]
     fn an_exited_process_is_never_migrated_even_if_its_pid_lives_on() {
-        let len = 64 * MIB;
-        let w = world(len);
-        let hot = Arc::new(Mutex::new((0, 8 * MIB)));
-        let layout: SharedLayout = Arc::new(Mutex::new(Some(one_range(7, len))));
-        let mut e = engine(&w, 1000);
-        let vm: VmId = "g".parse().unwrap();
-        e.attach(
-            vm.clone(),
-            ByteSize(16 * MIB),
-            parts_with(&w, 7, len, &hot, layout.clone()),
-        )
-        .unwrap();
+        let (w, mut e, vm, layout, len) = layout_vm();
         // The pidfd says the process exited; pid 7 itself still "lives" in the fake world.
         *layout.lock().unwrap() = Some(one_range(0, len));
         let calls = w.lock().unwrap().calls;
@@ -2665,18 +2661,7 @@ mod tests {
 
     #[test]
     fn a_process_exiting_while_its_layout_is_read_is_failed_as_exited() {
-        let len = 64 * MIB;
-        let w = world(len);
-        let hot = Arc::new(Mutex::new((0, 8 * MIB)));
-        let layout: SharedLayout = Arc::new(Mutex::new(Some(one_range(7, len))));
-        let mut e = engine(&w, 1000);
-        let vm: VmId = "g".parse().unwrap();
-        e.attach(
-            vm.clone(),
-            ByteSize(16 * MIB),
-            parts_with(&w, 7, len, &hot, layout.clone()),
-        )
-        .unwrap();
+        let (_, mut e, vm, layout, len) = layout_vm();
         e.tick();
         *layout.lock().unwrap() = Some(one_range(-1, len));
         // refresh_ticks is 5 in these tests: one of these re-reads the layout.
