@@ -3,6 +3,7 @@
 //! ```text
 //! vmtier-sim run --trace FILE --policy NAME [--config FILE] [--json]
 //! vmtier-sim gen KIND --out FILE [--pages N] [--accesses N] [--seed N] [--phases N]
+//!     [--hot-fraction F] [--hot-share F]
 //! vmtier-sim record-lackey --out FILE [--max-records N] [--skip-records N]
 //!     [--epoch-instructions N] [--sample-every N] [--max-epochs N] [--seed N] < lackey.log
 //! vmtier-sim report [--traces DIR] [--out DIR] [--config FILE] [--quick] [--no-scale] [--no-generated] [--zoom]
@@ -29,6 +30,7 @@ use vmtier_sim::{lackey, scale};
 const USAGE: &str = "usage:
   vmtier-sim run --trace FILE --policy NAME [--config FILE] [--json]
   vmtier-sim gen KIND --out FILE [--pages N] [--accesses N] [--seed N] [--phases N]
+      [--hot-fraction F] [--hot-share F]
       KIND: zipf | moving-hot | phases | scan-hot | gups
   vmtier-sim record-lackey --out FILE [--max-records N] [--skip-records N]
       [--epoch-instructions N] [--sample-every N] [--max-epochs N] [--seed N] < lackey.log
@@ -99,6 +101,17 @@ impl Args {
                 .replace('_', "")
                 .parse()
                 .map_err(|_| Error::Usage(format!("--{name}: not a number: {v}"))),
+        }
+    }
+
+    fn fraction(&self, name: &str, default: f64) -> Result<f64, Error> {
+        match self.opts.get(name) {
+            None => Ok(default),
+            Some(v) => v
+                .parse::<f64>()
+                .ok()
+                .filter(|f| (0.0..=1.0).contains(f))
+                .ok_or_else(|| Error::Usage(format!("--{name}: not a fraction in 0..=1: {v}"))),
         }
     }
 
@@ -203,7 +216,18 @@ fn cmd_run(args: &[String]) -> Result<(), Error> {
 }
 
 fn cmd_gen(args: &[String]) -> Result<(), Error> {
-    let a = parse_args(args, &["out", "pages", "accesses", "seed", "phases"])?;
+    let a = parse_args(
+        args,
+        &[
+            "out",
+            "pages",
+            "accesses",
+            "seed",
+            "phases",
+            "hot-fraction",
+            "hot-share",
+        ],
+    )?;
     a.check_flags(&[])?;
     let kind = Kind::parse(
         a.positional
@@ -218,6 +242,8 @@ fn cmd_gen(args: &[String]) -> Result<(), Error> {
         accesses: a.num("accesses", d.accesses)?,
         seed: a.num("seed", d.seed)?,
         phases: u32::try_from(a.num("phases", u64::from(d.phases))?).unwrap_or(u32::MAX),
+        hot_fraction: a.fraction("hot-fraction", d.hot_fraction)?,
+        hot_share: a.fraction("hot-share", d.hot_share)?,
         ..d
     };
     let out = PathBuf::from(a.need("out")?);
