@@ -1523,6 +1523,18 @@ fn tick_vm(
             vm.pins_at.is_fast(g)
         });
     vm.metrics.deferred_granules += e.deferred;
+    if !fitted.partial.is_empty() && log::log_enabled!(log::Level::Debug) {
+        let parts: Vec<String> = fitted
+            .partial
+            .iter()
+            .map(|&(g, h)| format!("{:#x}:{h}", vm.store.span(g).map_or(0, |s| s.gpa.0)))
+            .collect();
+        debug!(
+            "{name}: tick {}: split regions promoted in part, their hottest pages that fit: [{}] (gpa:hot_min; the tick's is {hot_min})",
+            vm.tick,
+            parts.join(" ")
+        );
+    }
     if e.invalid > 0 {
         debug!(
             "{name}: tick {}: {} invalid plan entries dropped",
