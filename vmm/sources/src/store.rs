@@ -697,9 +697,9 @@ impl HotnessStore {
     /// picked with: at most `move_pages` pages, trims first, then promotions whose pages fit
     /// in the DRAM left under `budget_bytes` (counted before the trims, which may fail); a
     /// promotion whose pages do not all fit takes its hottest that do
-    /// ([`hybrid::hottest_that_fit`]). Trims run only while pages waiting for DRAM — every page of
-    /// a hot whole region on the slow tier, the slow pages at `hot_min` or more of split
-    /// regions — exceed that room (or the fast tier is over the budget), and only until they
+    /// ([`hybrid::hottest_that_fit`]). Trims run only while pages waiting for DRAM — every
+    /// page of a hot whole region on the slow tier, the slow pages at `hot_min` or more of
+    /// split regions — exceed that room (or the fast tier is over the budget), and only until they
     /// would free the difference: a trim makes room, and without a page waiting for it, it
     /// moves a cold page out of DRAM the budget does not need, which comes back at its next
     /// access (docs/policies.md, "Trims only for wanted room").
