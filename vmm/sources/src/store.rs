@@ -699,10 +699,10 @@ impl HotnessStore {
     /// promotion whose pages do not all fit takes its hottest that do
     /// ([`hybrid::hottest_that_fit`]). Trims run only while pages waiting for DRAM — every
     /// page of a hot whole region on the slow tier, the slow pages at `hot_min` or more of
-    /// split regions — exceed that room (or the fast tier is over the budget), and only until they
-    /// would free the difference: a trim makes room, and without a page waiting for it, it
-    /// moves a cold page out of DRAM the budget does not need, which comes back at its next
-    /// access (docs/policies.md, "Trims only for wanted room").
+    /// split regions — exceed that room (or the fast tier is over the budget), and only until
+    /// they would free the difference: a trim makes room, and without a page waiting for it,
+    /// it moves a cold page out of DRAM the budget does not need, which comes back at its
+    /// next access (docs/policies.md, "Trims only for wanted room").
     pub fn touch_up_plan(
         &self,
         hot_min: u8,
