@@ -1640,10 +1640,13 @@ fn enforce_pins(
     move_granules(cfg, migrator, vm, &demote, Step::Demote, ALL, deadline)?;
 
     let recs = vm.store.records();
-    // A split region is in DRAM for its pin only when every page is.
-    let out = |g: Granule| match vm.store.detail(g) {
-        Some(pages) => pages.iter().any(|p| !p.is_fast()),
-        None => !recs[g.index()].is_fast(),
+    // In DRAM for its pin only when every page is (a split region may hold some of them);
+    // the store keeps each region's count.
+    let out = |g: Granule| {
+        vm.store.fast_pages(g)
+            < vm.store
+                .span(g)
+                .map_or(0, |s| s.len / PageSize::Base.bytes())
     };
     let want: Vec<Granule> = vm
         .pins_at
