@@ -21,6 +21,12 @@
 //!   watermark, `free_headroom_permille`) is back. In ticks: [`make_room`].
 //!
 //! Faults are taken in the order they happened. No hysteresis: a page may go back and forth.
+//!
+//! The simulator's per-tick move limit is not the kernel's: the kernel promotes a candidate
+//! at its fault, limited only by the rate limit. A candidate that [`make_room`] leaves out
+//! for want of moves is therefore kept ([`Deferred`]) and promoted in a later tick while it
+//! is still slow, without a new fault. The scanner's period, which grows as pages are
+//! promoted, is the simulator's (`vmtier_sim::sim::Config::hint_scan_backoff`).
 
 use serde::{Deserialize, Serialize};
 use vmtier_core::policy::{Granule, PlacementPolicy, Plan, PolicyInput, TrackingSource};
@@ -97,6 +103,58 @@ pub(crate) fn make_room(input: &PolicyInput<'_>, mut promote: Vec<Granule>, head
     select::fit(input, &Plan { promote, demote })
 }
 
+/// Candidates the simulator's move limit left out (the kernel would have promoted them at
+/// their fault, [`crate::numab`]), newest last.
+#[derive(Clone, Debug, Default)]
+pub(crate) struct Deferred(Vec<Granule>);
+
+impl Deferred {
+    /// Tops `plan` (made by [`make_room`] from this tick's `candidates`) up with earlier
+    /// candidates that are still slow, newest first, as far as the moves and the free room
+    /// above `headroom` that the plan leaves allow: this tick's candidates come first, and an
+    /// earlier one never displaces a resident (had the kernel promoted it, reclaim would
+    /// take it back as the coldest). Then keeps every candidate the plan leaves out.
+    pub(crate) fn top_up(
+        &mut self,
+        input: &PolicyInput<'_>,
+        mut plan: Plan,
+        candidates: &[Granule],
+        headroom: u64,
+    ) -> Plan {
+        let is_slow = |g: &Granule| input.records.get(g.index()).is_some_and(|r| !r.is_fast());
+        let moves = (plan.promote.len() + plan.demote.len()) as u64;
+        let used = (input.fast_used() + plan.promote.len() as u64)
+            .saturating_sub(plan.demote.len() as u64);
+        let room = input
+            .fast_budget
+            .saturating_sub(used)
+            .saturating_sub(headroom)
+            .min(input.max_moves.saturating_sub(moves));
+        let mut seen: std::collections::HashSet<Granule> = plan.promote.iter().copied().collect();
+        let earlier = std::mem::take(&mut self.0);
+        let take: Vec<Granule> = earlier
+            .iter()
+            .rev()
+            .filter(|g| is_slow(g) && !seen.contains(g))
+            .take(usize::try_from(room).unwrap_or(usize::MAX))
+            .copied()
+            .collect();
+        seen.extend(take.iter().copied());
+        plan.promote.extend(take);
+        self.0 = earlier
+            .into_iter()
+            .chain(candidates.iter().copied())
+            .filter(|g| is_slow(g) && seen.insert(*g))
+            .collect();
+        plan
+    }
+
+    /// Bytes kept.
+    pub(crate) fn bytes(&self) -> u64 {
+        (self.0.len() * std::mem::size_of::<Granule>()) as u64
+    }
+}
+
 /// The NUMA-balancing tiering-mode model.
 #[derive(Clone, Debug)]
 pub struct NumaBalancing {
@@ -107,6 +165,8 @@ pub struct NumaBalancing {
     period_start: Option<u64>,
     /// Candidates counted in the current adjustment period.
     period_candidates: u64,
+    /// Candidates the move limit left out.
+    deferred: Deferred,
 }
 
 impl NumaBalancing {
@@ -117,6 +177,7 @@ impl NumaBalancing {
             threshold_ms: 0,
             period_start: None,
             period_candidates: 0,
+            deferred: Deferred::default(),
         }
     }
 
@@ -169,7 +230,8 @@ impl PlacementPolicy for NumaBalancing {
 
     fn state_bytes(&self) -> u64 {
         // A few counters per node; the per-page scan time lives in the page (the source's).
-        0
+        // The deferred candidates stand in for promotions the kernel makes at the fault.
+        self.deferred.bytes()
     }
 
     fn plan(&mut self, input: &PolicyInput<'_>) -> Plan {
@@ -213,7 +275,8 @@ impl PlacementPolicy for NumaBalancing {
             taken.insert(f.granule);
             promote.push(f.granule);
         }
-        make_room(input, promote, headroom)
+        let plan = make_room(input, promote.clone(), headroom);
+        self.deferred.top_up(input, plan, &promote, headroom)
     }
 }
 
@@ -288,6 +351,84 @@ mod tests {
                 (promote, demote),
                 "{name}"
             );
+        }
+    }
+
+    #[test]
+    fn a_candidate_the_move_limit_leaves_out_is_deferred_not_dropped() {
+        // Granules 0..8 slow, budget 8 (all free); 256 KiB granules, 1 MB/s: the candidate
+        // that reaches 4 in a second is refused by the rate limit.
+        let mut r = vec![HeatRecord::default(); 8];
+        let mut p = NumaBalancing::new(Config {
+            promote_rate_limit_mb_s: 1,
+            ..fixed(1000)
+        });
+        // (step, faulting granules, moves, promoted)
+        let steps: Vec<(&str, Vec<u32>, u64, Vec<u32>)> = vec![
+            (
+                "two moves for three candidates",
+                vec![0, 1, 2],
+                2,
+                vec![0, 1],
+            ),
+            (
+                "the third follows, without a new fault",
+                vec![3],
+                2,
+                vec![3, 2],
+            ),
+            (
+                "rate limit: the fourth candidate is refused",
+                vec![4, 5, 6, 7],
+                4,
+                vec![4, 5, 6],
+            ),
+            ("a refused candidate is not deferred", vec![], 4, vec![]),
+        ];
+        for (tick, (step, faulting, moves, want)) in steps.into_iter().enumerate() {
+            let f = faults(&faulting.iter().map(|&g| (g, 1)).collect::<Vec<_>>());
+            let mut input = PolicyInput::from_records(tick as u64, 1 << 18, &r, 8, moves);
+            input.hint_faults = &f;
+            let e = p.plan(&input).enforce(&r, 8, moves);
+            assert_eq!(ids(&e.promote), want, "{step}");
+            for g in &e.promote {
+                r[g.index()] = r[g.index()].moved_to(Tier::Fast);
+            }
+        }
+        // Deferred: 1..5 (one move for five candidates, 0 promoted). A tick later, with no
+        // faults: newest first, only into free room, never past the moves.
+        // (case, granules made fast meanwhile, budget, moves, promoted)
+        let cases: Vec<(&str, Vec<usize>, u64, u64, Vec<u32>)> = vec![
+            (
+                "newest first, into the room left",
+                vec![],
+                3,
+                10,
+                vec![4, 3],
+            ),
+            (
+                "one made fast meanwhile is dropped",
+                vec![4],
+                3,
+                10,
+                vec![3],
+            ),
+            ("the move limit holds", vec![], 6, 1, vec![4]),
+            ("a full fast tier takes none", vec![], 1, 10, vec![]),
+        ];
+        for (name, fast, budget, moves, want) in cases {
+            let mut p = NumaBalancing::new(fixed(1000));
+            let mut r = vec![HeatRecord::default(); 6];
+            let f = faults(&[(0, 1), (1, 1), (2, 1), (3, 1), (4, 1)]);
+            let mut input = PolicyInput::from_records(0, 4096, &r, 6, 1);
+            input.hint_faults = &f;
+            assert_eq!(ids(&p.plan(&input).promote), vec![0], "{name}");
+            assert_eq!(p.state_bytes(), 16, "{name}");
+            for g in [0].iter().chain(&fast) {
+                r[*g] = r[*g].moved_to(Tier::Fast);
+            }
+            let input = PolicyInput::from_records(1, 4096, &r, budget, moves);
+            assert_eq!(ids(&p.plan(&input).promote), want, "{name}");
         }
     }
 

@@ -3,8 +3,9 @@
 //! is *active*. A hint fault on an inactive page only marks it accessed (activates it), so a
 //! page needs two faults — two accesses a scan apart — before it moves, and one stray touch
 //! does not promote it. A page stays active until it is promoted: a promotion refused by the
-//! rate limit or left out for want of moves or room is retried at the next fault, without a
-//! new activation. The top tier's demotion watermark is decoupled from the allocation
+//! rate limit is retried at the next fault, without a new activation; one left out for want
+//! of the simulator's moves (the kernel promotes at the fault) is deferred to the next ticks,
+//! as in [`crate::numab`]. The top tier's demotion watermark is decoupled from the allocation
 //! watermark, so reclaim keeps a free headroom proactively (with moves promotions leave
 //! over), and demotes exactly what this tick's promotions need beyond it
 //! ([`crate::numab::make_room`]).
@@ -12,7 +13,7 @@
 use serde::{Deserialize, Serialize};
 use vmtier_core::policy::{PlacementPolicy, Plan, PolicyInput, TrackingSource};
 
-use crate::numab::{make_room, rate_limit_granules};
+use crate::numab::{make_room, rate_limit_granules, Deferred};
 
 /// Parameters of the TPP model.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -36,11 +37,13 @@ impl Default for Config {
     }
 }
 
-/// The TPP model. State: one "faulted before" bit per granule (1/8 byte).
+/// The TPP model. State: one "faulted before" bit per granule (1/8 byte), and the deferred
+/// promotions.
 #[derive(Clone, Debug)]
 pub struct Tpp {
     cfg: Config,
     active: Vec<u64>,
+    deferred: Deferred,
 }
 
 impl Tpp {
@@ -49,6 +52,7 @@ impl Tpp {
         Self {
             cfg,
             active: Vec::new(),
+            deferred: Deferred::default(),
         }
     }
 }
@@ -63,7 +67,7 @@ impl PlacementPolicy for Tpp {
     }
 
     fn state_bytes(&self) -> u64 {
-        (self.active.len() * 8) as u64
+        (self.active.len() * 8) as u64 + self.deferred.bytes()
     }
 
     fn plan(&mut self, input: &PolicyInput<'_>) -> Plan {
@@ -90,7 +94,8 @@ impl PlacementPolicy for Tpp {
             .fast_budget
             .saturating_mul(u64::from(self.cfg.demote_watermark_permille.min(1000)))
             / 1000;
-        let plan = make_room(input, promote, headroom);
+        let plan = make_room(input, promote.clone(), headroom);
+        let plan = self.deferred.top_up(input, plan, &promote, headroom);
         // Only a page that really moves leaves the slow tier's active list.
         for g in &plan.promote {
             let i = g.index();
@@ -121,6 +126,13 @@ mod tests {
             ("first fault activates only", vec![0], 1, 10, vec![]),
             ("active, but a swap needs two moves", vec![0], 1, 1, vec![]),
             (
+                "deferred, but a deferred page never displaces a resident",
+                vec![],
+                1,
+                10,
+                vec![],
+            ),
+            (
                 "still active: promoted at the next fault",
                 vec![0],
                 1,
@@ -129,7 +141,8 @@ mod tests {
             ),
             ("two first faults", vec![1, 2], 3, 10, vec![]),
             ("rate limit: one of two", vec![1, 2], 3, 10, vec![1]),
-            ("the refused one is still active", vec![2], 3, 10, vec![2]),
+            ("a refused one is not deferred", vec![], 3, 10, vec![]),
+            ("but still active", vec![2], 3, 10, vec![2]),
         ];
         for (tick, (step, faulting, budget, moves, want)) in steps.into_iter().enumerate() {
             let faults: Vec<_> = faulting

@@ -17,9 +17,10 @@
 //!   was touched (EPT/NPT accessed bits cleared at every scan).
 //! - IBS/PEBS-like sampling: one access in `sample_period` (jittered) is sampled.
 //! - NUMA hint faults: a `task_numa_work`-like scanner walks the address space, 256 MB per
-//!   call (`hint_scan_mb_per_tick`), one call per 256 MB populated per tick, unmapping
-//!   populated slow granules not already unmapped; the next access faults with the time
-//!   since then (`HintScanner`).
+//!   call (`hint_scan_mb_per_tick`), one call per scan period (at first one per 256 MB
+//!   populated per tick; doubling with promotions, `hint_scan_backoff`), unmapping populated
+//!   slow granules not already unmapped; the next access faults with the time since then
+//!   (`HintScanner`).
 //!
 //! Every source's observations go into vmtierd's own hotness store
 //! (`vmtier_sources::store::HotnessStore`, the one heat rule `HeatRecord::heat_gain`), its
@@ -168,8 +169,12 @@ pub struct Config {
     pub thp: bool,
     /// One access in this many is sampled (IBS/PEBS-like).
     pub sample_period: u32,
-    /// NUMA-balancing scan size per tick in MiB (kernel default 256 MB per scan period).
+    /// NUMA-balancing scan size per call in MiB (kernel default 256 MB per scan period).
     pub hint_scan_mb_per_tick: u64,
+    /// The NUMA-balancing scan period doubles, up to its maximum, once per scan pass in which
+    /// a page was promoted, as Linux's does in tiering mode (`HintScanner`); false: it stays
+    /// at its start (1 s per 256 MB).
+    pub hint_scan_backoff: bool,
     /// A move within this many ticks of the granule's previous move is a ping-pong.
     pub pingpong_window: u64,
     /// Windows the oracle looks ahead (the next one decides, later ones break ties).
@@ -225,6 +230,7 @@ impl Default for Config {
             thp: false,
             sample_period: 64,
             hint_scan_mb_per_tick: 256,
+            hint_scan_backoff: true,
             pingpong_window: 4,
             oracle_lookahead: 2,
             source: None,
@@ -402,13 +408,20 @@ pub struct RunResult {
 ///   granules, unpopulated ones and ones already inaccessible are walked over and counted, but
 ///   not made inaccessible. A chunk that made at least one granule inaccessible ends the
 ///   call; one that made none only counts against an eight-chunk limit, so such areas are
-///   crossed faster. The end of the address space ends the call; the next starts over;
+///   crossed faster. The end of the address space ends the call, and the next starts over
+///   (a new scan sequence, `numa_scan_seq`);
 /// - a granule already inaccessible keeps the time it was made so (no timer reset), so a
 ///   fault's latency is the time since the scan that really unmapped it;
-/// - a tick stands for the minimum scan period (1 s); the calls per tick are fixed at the first
-///   call from the populated size (`task_scan_start`: one call per 256 MB, at most
-///   2560 MB/s), spread over the tick's sub-intervals. The first call comes at the end of the
-///   first tick (the kernel's 1 s scan delay).
+/// - calls come one scan period apart. The first comes at the end of the first tick (the
+///   kernel's 1 s scan delay), and the period starts at `task_scan_start`: 1 s divided by the
+///   256 MB windows populated, at least 100 ms. With `backoff` the period doubles, up to
+///   `task_scan_max` (60 s divided by the windows), once in every scan sequence in which a
+///   page was promoted ([`Self::promoted`]): in tiering mode a promoted fault is the only
+///   one the task's statistics count (`task_numa_fault` drops faults on slow-tier memory,
+///   and a promoted page is on the fast node by then), and it is neither local (the page was
+///   on a CPU-less node when it faulted) nor shared (slow-tier pages keep no last CPU), so
+///   `update_task_scan_period` always takes its "scan slower" branch. Nothing in tiering
+///   mode shortens the period again.
 struct HintScanner {
     /// When each granule was made inaccessible (accesses replayed), `u64::MAX` if accessible.
     unmapped_at: Vec<u64>,
@@ -416,21 +429,57 @@ struct HintScanner {
     cursor: usize,
     /// Granules of address space per call (0 = the scanner is off).
     size: usize,
-    /// Most calls per tick (`MAX_SCAN_WINDOW` / scan size).
-    max_calls: u64,
-    /// Calls per tick, fixed at the first call.
-    calls: Option<u64>,
+    /// Scan sequences completed (`mm->numa_scan_seq`).
+    seq: u64,
+    /// The sequence of the last placement (`p->numa_scan_seq`).
+    placed_seq: u64,
+    /// Thousandths of a tick per millisecond's worth of scan period: 1000 / `tick_ms`.
+    tick_ms: u64,
+    /// Whether the period doubles with promotions (`Config::hint_scan_backoff`).
+    backoff: bool,
+    /// The scan period, fixed at the first call.
+    period: Option<ScanPeriod>,
+}
+
+/// [`HintScanner`]'s scan period, in thousandths of a tick.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct ScanPeriod {
+    /// Between two calls now.
+    now: u64,
+    /// The longest it grows to (`task_scan_max`).
+    max: u64,
+    /// When the next call is due.
+    next: u64,
 }
 
 impl HintScanner {
-    fn new(n: usize, scan_mb: u64, granule_bytes: u64) -> Self {
-        const MAX_SCAN_WINDOW_MB: u64 = 2560;
+    fn new(n: usize, scan_mb: u64, granule_bytes: u64, tick_ms: u32, backoff: bool) -> Self {
         Self {
             unmapped_at: vec![u64::MAX; n],
             cursor: 0,
             size: usize::try_from((scan_mb << 20) / granule_bytes.max(1)).unwrap_or(usize::MAX),
-            max_calls: (MAX_SCAN_WINDOW_MB / scan_mb.max(1)).max(1),
-            calls: None,
+            seq: 0,
+            placed_seq: 0,
+            tick_ms: u64::from(tick_ms.max(1)),
+            backoff,
+            period: None,
+        }
+    }
+
+    /// `task_scan_start` and `task_scan_max` for `populated` granules, in thousandths of a
+    /// tick, at `now`: 1 s and 60 s divided by the windows populated (one per call's size),
+    /// at least the floor of 2560 MB/s (`MAX_SCAN_WINDOW`).
+    fn first_period(&self, populated: usize, scan_mb: u64, now: u64) -> ScanPeriod {
+        const MAX_SCAN_WINDOW_MB: u64 = 2560;
+        let windows = (populated.div_ceil(self.size.max(1)).max(1)) as u64;
+        let floor_ms = 1000 / (MAX_SCAN_WINDOW_MB / scan_mb.max(1)).max(1);
+        let start_ms = (1000 / windows).max(floor_ms);
+        let max_ms = (60_000 / windows).max(start_ms);
+        let tick = |ms: u64| (ms * 1000 / self.tick_ms).max(1);
+        ScanPeriod {
+            now: tick(start_ms),
+            max: tick(max_ms),
+            next: now,
         }
     }
 
@@ -449,20 +498,45 @@ impl HintScanner {
         })
     }
 
-    /// The calls due at the end of sub-interval `k` of `scans`.
-    fn scan(&mut self, k: u16, scans: u16, allocated: &[bool], records: &[HeatRecord], now: u64) {
+    /// The calls due by `now`, the end of sub-interval `k` of `scans` of a tick (before the
+    /// first one: only at the end of a tick, the scan delay).
+    fn scan(
+        &mut self,
+        (k, scans, scan_mb): (u16, u16, u64),
+        allocated: &[bool],
+        records: &[HeatRecord],
+        now: u64,
+    ) {
         if self.size == 0 || self.unmapped_at.is_empty() {
             return;
         }
-        if self.calls.is_none() && k + 1 < scans {
-            return; // the scan delay: nothing before the end of the first tick
-        }
-        let calls = *self.calls.get_or_insert_with(|| {
+        if self.period.is_none() {
+            if k + 1 < scans {
+                return;
+            }
             let populated = allocated.iter().filter(|&&a| a).count();
-            (populated.div_ceil(self.size).max(1) as u64).min(self.max_calls)
-        });
-        for _ in 0..calls_due(k, scans, calls) {
+            self.period = Some(self.first_period(populated, scan_mb, now));
+        }
+        while let Some(p) = self.period.filter(|p| p.next <= now) {
             self.call(allocated, records, now);
+            self.period = Some(ScanPeriod {
+                next: p.next + p.now,
+                ..p
+            });
+        }
+    }
+
+    /// A page was promoted at `now` after faulting: the first such fault of a scan sequence
+    /// updates the task's placement, whose "scan slower" branch doubles the period (up to its
+    /// maximum) and puts the next call one new period from now.
+    fn promoted(&mut self, now: u64) {
+        if !self.backoff || self.seq == self.placed_seq {
+            return;
+        }
+        self.placed_seq = self.seq;
+        if let Some(p) = self.period.as_mut() {
+            p.now = (p.now * 2).min(p.max);
+            p.next = now + p.now;
         }
     }
 
@@ -480,19 +554,15 @@ impl HintScanner {
                 }
             }
             self.cursor = if end == n { 0 } else { end };
+            if end == n {
+                self.seq += 1;
+            }
             if updated || end == n || virt <= end - start {
                 return;
             }
             virt -= end - start;
         }
     }
-}
-
-/// How many of a tick's `calls` fall at the end of sub-interval `k` of `scans` (evenly spread,
-/// the last sub-interval always has one).
-fn calls_due(k: u16, scans: u16, calls: u64) -> u64 {
-    let (k, scans) = (u64::from(k), u64::from(scans.max(1)));
-    (k + 1) * calls / scans - k * calls / scans
 }
 
 /// Where the ticks of `trace` start, and its end: one tick per recorded epoch when the trace
@@ -597,7 +667,10 @@ pub fn run_logged(
     let soft_dirty = source == TrackingSource::SoftDirty;
     let mut samples = vec![0u16; if sampling { n } else { 0 }];
     let mut written = vec![false; if soft_dirty { trace.pages as usize } else { 0 }];
-    let mut hint = hinting.then(|| HintScanner::new(n, cfg.hint_scan_mb_per_tick, granule_bytes));
+    let mut hint = hinting.then(|| {
+        let mb = cfg.hint_scan_mb_per_tick;
+        HintScanner::new(n, mb, granule_bytes, cfg.tick_ms, cfg.hint_scan_backoff)
+    });
     let mut faults: Vec<HintFault> = Vec::new();
 
     // DAMON: samples per tick and per window; the sample in which each accessed-bit unit was
@@ -806,7 +879,8 @@ pub fn run_logged(
                 now += 1;
             }
             if let Some(h) = hint.as_mut() {
-                h.scan(k, scans, &allocated, store.records(), clock(b));
+                let when = (k, scans, cfg.hint_scan_mb_per_tick);
+                h.scan(when, &allocated, store.records(), clock(b));
             }
         }
         if let Some(d) = damon.as_mut() {
@@ -1065,6 +1139,10 @@ pub fn run_logged(
             max_store_bytes = max_store_bytes.max(store.bytes_per_4k_page());
         }
         res.moves += moved;
+        if let Some(h) = hint.as_mut().filter(|_| !e.promote.is_empty()) {
+            // The hint-fault policies promote what faulted: the task's placement sees it.
+            h.promoted((tick + 1) * 1000);
+        }
 
         if rows > 0 {
             let records = store.records();
@@ -1396,26 +1474,16 @@ mod tests {
                     HeatRecord::default().placed_on(t)
                 })
                 .collect();
-            let mut h = HintScanner {
-                unmapped_at: before,
-                cursor,
-                size: 4,
-                max_calls: 10,
-                calls: None,
-            };
+            let mut h = HintScanner::new(10, 1, 1 << 18, 1000, true);
+            (h.unmapped_at, h.cursor) = (before, cursor);
             h.call(&allocated, &records, now);
             assert_eq!((h.unmapped_at, h.cursor), (after, cursor_after), "{name}");
         }
         // Eight chunks without anything to unmap end a call.
-        let mut h = HintScanner::new(100, 1, 1 << 18);
+        let mut h = HintScanner::new(100, 1, 1 << 18, 1000, true);
         assert_eq!(h.size, 4);
         h.call(&[false; 100], &[HeatRecord::default(); 100], 1);
         assert_eq!(h.cursor, 32);
-        // Calls per tick spread over the sub-intervals; the last always has one.
-        let due = |calls| (0..8).map(|k| calls_due(k, 8, calls)).collect::<Vec<_>>();
-        assert_eq!(due(1), vec![0, 0, 0, 0, 0, 0, 0, 1]);
-        assert_eq!(due(4), vec![0, 1, 0, 1, 0, 1, 0, 1]);
-        assert_eq!(due(10), vec![1, 1, 1, 2, 1, 1, 1, 2]);
         // A fault: latency in thousandths of a tick; none if accessible or now fast.
         h.unmapped_at[3] = 10;
         h.unmapped_at[4] = 10;
@@ -1424,6 +1492,94 @@ mod tests {
         assert_eq!(h.access(3, false, 3000), None);
         assert_eq!(h.access(4, true, 3000), None);
         assert_eq!(h.unmapped_at[4], u64::MAX);
+    }
+
+    #[test]
+    fn the_hint_scan_period_doubles_once_a_sequence_with_promotions() {
+        // 256 populated 4 KiB granules (1 MiB) in 1 MiB calls: one call a sequence, one window,
+        // so the period starts at 1 s and grows to 60 s. Ticks of 1 s, 8 sub-intervals each.
+        let (n, mb) = (256, 1);
+        let allocated = vec![true; n];
+        let records = vec![HeatRecord::default(); n];
+        let every = |step: usize| (0..64u64).step_by(step).collect::<Vec<_>>();
+        let all: Vec<u64> = (0..64).collect();
+        // (case, backoff, ticks with a promotion at their end, ticks with a call, of 64)
+        let cases: Vec<(&str, bool, Vec<u64>, Vec<u64>)> = vec![
+            (
+                "no promotions: a call a tick from the scan delay on",
+                true,
+                vec![],
+                every(1),
+            ),
+            (
+                "without backoff promotions change nothing",
+                false,
+                all.clone(),
+                every(1),
+            ),
+            (
+                "doubles with each sequence that promotes, a new period from the placement",
+                true,
+                all,
+                vec![0, 2, 6, 14, 30, 62],
+            ),
+            (
+                "a second promotion in one sequence does not double it again",
+                true,
+                vec![0, 1],
+                every(2),
+            ),
+            (
+                "it stays where promotions left it",
+                true,
+                vec![0, 2],
+                [vec![0, 2], (6..64).step_by(4).collect()].concat(),
+            ),
+        ];
+        for (name, backoff, promoted, want) in cases {
+            let mut h = HintScanner::new(n, mb, 4096, 1000, backoff);
+            let mut calls = Vec::new();
+            for tick in 0..64u64 {
+                let seq = h.seq;
+                for k in 0..8u16 {
+                    let now = tick * 1000 + u64::from(k + 1) * 125;
+                    h.scan((k, 8, mb), &allocated, &records, now);
+                }
+                if h.seq != seq {
+                    calls.push(tick);
+                }
+                if promoted.contains(&tick) {
+                    h.promoted((tick + 1) * 1000);
+                }
+            }
+            assert_eq!(calls, want, "{name}");
+        }
+        // Up to 60 s: 1, 2, 4 ... 32 s, then 60 s.
+        let mut h = HintScanner::new(n, mb, 4096, 1000, true);
+        h.scan((7, 8, mb), &allocated, &records, 1000);
+        let mut periods = Vec::new();
+        for i in 1..9 {
+            h.seq = i;
+            h.promoted(0);
+            periods.push(h.period.map_or(0, |p| p.now / 1000));
+        }
+        assert_eq!(periods, vec![2, 4, 8, 16, 32, 60, 60, 60]);
+        // The limits: 1 s / windows, at least 100 ms (2560 MB/s of 256 MB calls); 60 s /
+        // windows.
+        let h = HintScanner::new(1 << 20, 256, 4096, 1000, true);
+        let p = |pop| h.first_period(pop, 256, 0);
+        assert_eq!((p(1).now, p(1).max), (1000, 60_000));
+        assert_eq!((p(3 << 16).now, p(3 << 16).max), (333, 20_000));
+        assert_eq!((p(1 << 20).now, p(1 << 20).max), (100, 3750));
+        let h = HintScanner::new(1, 256, 4096, 500, true);
+        assert_eq!(
+            h.first_period(1, 256, 7),
+            ScanPeriod {
+                now: 2000,
+                max: 120_000,
+                next: 7
+            }
+        );
     }
 
     /// Records the hint faults it is given (tick, granule, latency); never moves anything.

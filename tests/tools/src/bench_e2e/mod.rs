@@ -38,14 +38,17 @@ use host::{Balloon, Knobs};
 use managers::{Env, Manager};
 
 /// /proc/vmstat counters reported per run (deltas over the window).
-const COUNTERS: [&str; 13] = [
+const COUNTERS: [&str; 16] = [
     "pgmigrate_success",
     "pgmigrate_fail",
     "pgpromote_success",
     "pgpromote_candidate",
     "pgdemote_kswapd",
     "pgdemote_direct",
+    "numa_pte_updates",
+    "numa_huge_pte_updates",
     "numa_hint_faults",
+    "numa_hint_faults_local",
     "numa_pages_migrated",
     "thp_migration_success",
     "thp_split_page",
