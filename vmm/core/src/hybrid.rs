@@ -232,6 +232,27 @@ impl Census {
         self.fast[..below].iter().map(|&n| u64::from(n)).sum()
     }
 
+    /// A [`Step::Trim`] too big for `max` pages moved: its coldest pages that fit, as the
+    /// `hot_min` that picks them and their count — the highest trim line, at most `hot_min`'s
+    /// own, below which at most `max` fast pages lie (pages of one heat go together). `None`
+    /// if not even the coldest heat's pages fit.
+    pub fn trim_that_fits(&self, hot_min: u8, max: u64) -> Option<(u8, u64)> {
+        let line = usize::from(hot_min.div_ceil(2)).min(HEATS);
+        let mut below = 0u64;
+        let mut best = None;
+        for h in 0..line {
+            below += u64::from(self.fast[h]);
+            if below > max {
+                break;
+            }
+            if self.fast[h] > 0 {
+                // A `hot_min` of 2(h + 1) trims the pages below heat h + 1.
+                best = Some((u8::try_from(2 * (h + 1)).unwrap_or(u8::MAX), below));
+            }
+        }
+        best
+    }
+
     /// The moves that keep a split region in the fast tier up to date with its pages, beside
     /// the policy's plan ([`touch_ups`]): whether newly hot pages should join it
     /// ([`Step::Promote`]) and whether cold ones should leave ([`Step::Trim`]).
@@ -659,6 +680,34 @@ mod tests {
                 p[usize::from(h)] = n;
             }
             assert_eq!(page_cutoff(&p, budget), want, "{spec:?} {budget}");
+        }
+    }
+
+    #[test]
+    fn a_trim_too_big_for_the_moves_takes_its_coldest_heats() {
+        // Fast pages at heats [(heat, pages)], hot_min 8 (trim line 4) -> (max pages, result)
+        let fast = [(0u8, 10u16), (1, 20), (3, 30), (4, 99), (9, 5)];
+        let mut pages = Vec::new();
+        for &(h, n) in &fast {
+            pages.extend(std::iter::repeat(HeatRecord::new(h, Tier::Fast, 3)).take(n.into()));
+        }
+        let c = Census::of(&pages);
+        assert_eq!(c.trim(8), 60);
+        let cases = [
+            (1000, Some((8, 60))),
+            (60, Some((8, 60))),
+            (59, Some((4, 30))),
+            (30, Some((4, 30))),
+            (29, Some((2, 10))),
+            (9, None),
+        ];
+        for (max, want) in cases {
+            let got = c.trim_that_fits(8, max);
+            assert_eq!(got, want, "{max}");
+            // What it names is what `select` trims with that `hot_min`.
+            if let Some((hm, n)) = got {
+                assert_eq!(select(&pages, Step::Trim, hm).count() as u64, n, "{max}");
+            }
         }
     }
 

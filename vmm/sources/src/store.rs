@@ -697,7 +697,8 @@ impl HotnessStore {
     /// picked with: at most `move_pages` pages, trims first, then promotions whose pages fit
     /// in the DRAM left under `budget_bytes` (counted before the trims, which may fail); a
     /// promotion whose pages do not all fit takes its hottest that do
-    /// ([`hybrid::hottest_that_fit`]). Trims run only while pages waiting for DRAM — every
+    /// ([`hybrid::hottest_that_fit`]), and a trim bigger than the moves left its coldest
+    /// ([`Census::trim_that_fits`]). Trims run only while pages waiting for DRAM — every
     /// page of a hot whole region on the slow tier, the slow pages at `hot_min` or more of
     /// split regions — exceed that room (or the fast tier is over the budget), and only until
     /// they would free the difference: a trim makes room, and without a page waiting for it,
@@ -763,6 +764,16 @@ impl HotnessStore {
                 };
                 let by = Census::of(pages).promote_by_hot_min();
                 let Some(p) = hybrid::hottest_that_fit(&by, hot_min, |c| c <= left.min(room))
+                else {
+                    continue;
+                };
+                (hm, n) = p;
+            } else if step == Step::Trim && n > left {
+                // Its coldest pages that fit: a trim bigger than a tick's moves would never
+                // run at all.
+                let Some(p) = self
+                    .detail(g)
+                    .and_then(|pages| Census::of(pages).trim_that_fits(hot_min, left))
                 else {
                     continue;
                 };
@@ -1709,6 +1720,42 @@ mod tests {
                 [true, want.is_some(), want.is_some(), all, all],
                 "room {room}"
             );
+        }
+    }
+
+    #[test]
+    fn a_trim_bigger_than_the_moves_left_takes_its_coldest_pages() {
+        let m2 = 2u64 << 20;
+        let p = |n: u64| n * 4096;
+        // r0 split and wholly in DRAM; then its pages 0-63 are hot, 64-159 unseen (heat 0),
+        // 160-511 seen in one sample of 20 (heat 3); r1, whole and slow, is hot: it wants
+        // the room. With hot_min 8 the trim line is heat 4: 448 pages to trim.
+        // (move pages) -> (hot_min of the trim, pages it moves)
+        let cases = [
+            (1000, Some((8, 448))),
+            (448, Some((8, 448))),
+            (447, Some((2, 96))),
+            (96, Some((2, 96))),
+            (95, None),
+        ];
+        for (moves, want) in cases {
+            let mut s = hybrid(2, 100);
+            s.tick();
+            s.observe(&[acc(A, p(64), 20), acc(A + p(64), m2 - p(64), 0)]);
+            assert_eq!(s.apply(Granule(0), Step::Promote, hybrid::EVERY_PAGE), 512);
+            s.tick();
+            s.observe(&[
+                acc(A, p(64), 20),
+                acc(A + p(64), p(96), 0),
+                acc(A + p(160), m2 - p(160), 1),
+                acc(A + m2, m2, 20),
+            ]);
+            let plan = s.touch_up_plan(8, p(512), moves);
+            let got = plan.first().map(|&(g, step, hm)| {
+                assert_eq!((g, step, plan.len()), (Granule(0), Step::Trim, 1));
+                (hm, s.apply(g, step, hm))
+            });
+            assert_eq!(got, want, "moves {moves}");
         }
     }
 
