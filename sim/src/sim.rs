@@ -433,7 +433,8 @@ struct HintScanner {
     seq: u64,
     /// The sequence of the last placement (`p->numa_scan_seq`).
     placed_seq: u64,
-    /// Thousandths of a tick per millisecond's worth of scan period: 1000 / `tick_ms`.
+    /// Length of a tick in ms (`Config::tick_ms`), to turn the kernel's periods into
+    /// thousandths of a tick.
     tick_ms: u64,
     /// Whether the period doubles with promotions (`Config::hint_scan_backoff`).
     backoff: bool,
