@@ -995,7 +995,7 @@ fn summary(name: &VmId, vm: &Vm) -> VmSummary {
 
 /// Hybrid tracking: split regions in DRAM follow their pages beside the policy's plan
 /// ([`hybrid::touch_ups`]): cold pages leave, then hot ones join while the budget has room in
-/// pages; at most `moves` pages.
+/// pages; at most `moves` pages; pinned regions stay as pinned.
 fn touch_up(
     cfg: &EngineConfig,
     migrator: &mut dyn Migrator,
@@ -1004,26 +1004,30 @@ fn touch_up(
     moves: u64,
     deadline: Instant,
 ) -> Result<(), Lost> {
-    let ups = vm.store.touch_up_plan(hot_min, vm.budget_bytes, moves);
+    // Pins hold here as in the plan: a DRAM pin keeps its cold pages, a CXL pin gets none.
+    let pins = &vm.pins_at;
+    let ups = vm
+        .store
+        .touch_up_plan_held(hot_min, vm.budget_bytes, moves, |g, step| match step {
+            Step::Trim => pins.is_fast(g),
+            Step::Promote => pins.is_slow(g),
+            Step::Demote => false,
+        });
     let of =
         |step: Step| -> Vec<Granule> { ups.iter().filter(|u| u.1 == step).map(|u| u.0).collect() };
-    // Promotions of only the hottest pages that fit carry their own `hot_min`.
-    let partial: Vec<(Granule, u8)> = ups
-        .iter()
-        .filter(|u| u.2 != hot_min)
-        .map(|u| (u.0, u.2))
-        .collect();
+    // Promotions of only the hottest pages that fit, and trims of only the coldest, carry
+    // their own `hot_min`.
+    let own = |step: Step| -> Vec<(Granule, u8)> {
+        ups.iter()
+            .filter(|u| u.1 == step && u.2 != hot_min)
+            .map(|u| (u.0, u.2))
+            .collect()
+    };
     let (trims, promote) = (of(Step::Trim), of(Step::Promote));
-    move_granules(
-        cfg,
-        migrator,
-        vm,
-        &trims,
-        Step::Trim,
-        (hot_min, &[]),
-        deadline,
-    )?;
-    let hm = (hot_min, &partial[..]);
+    let (trim_own, promote_own) = (own(Step::Trim), own(Step::Promote));
+    let hm = (hot_min, &trim_own[..]);
+    move_granules(cfg, migrator, vm, &trims, Step::Trim, hm, deadline)?;
+    let hm = (hot_min, &promote_own[..]);
     move_granules(cfg, migrator, vm, &promote, Step::Promote, hm, deadline)?;
     Ok(())
 }
@@ -1659,7 +1663,10 @@ fn enforce_pins(
         return Ok(());
     }
     let fast_used = recs.iter().filter(|r| r.is_fast()).count() as u64;
-    let room = budget.saturating_sub(fast_used);
+    // A split region that holds some of its pages already counts as in DRAM: completing it
+    // takes no granule of room.
+    let partly = want.iter().filter(|g| recs[g.index()].is_fast()).count() as u64;
+    let room = budget.saturating_sub(fast_used).saturating_add(partly);
     let (m, k) = (*moves_left, want.len() as u64);
     // p promotions and d room-making demotions with p ≤ room + d and p + d ≤ m.
     let mut p = k.min(m);
@@ -3819,6 +3826,44 @@ mod tests {
         }
         assert_eq!(pages_in_dram(&w, 64 * MIB, 2 * MIB), 512);
         assert!(dram_bytes(&w) <= 8 * MIB);
+    }
+
+    #[test]
+    fn a_dram_pin_over_a_split_region_holds_its_cold_pages_against_demand() {
+        // Region R: 64 hot pages, 248 seen in one sample of 20, 200 never seen; a whole hot
+        // region H wants DRAM too; the budget, 528 pages, holds one of them. R is split and
+        // its hot pages are in DRAM when R is pinned: the pin must bring the rest (R already
+        // counts as in DRAM, so it needs no room), and keep it however much H wants the room
+        // (a touch-up used to trim R's cold pages, and the pin to bring them back, every
+        // tick). Unpinned, R's cold pages leave; its hot ones stay.
+        let len = 256 * MIB;
+        let r = 64 * MIB;
+        let hot = [
+            (r, 64 * 4096, 20),
+            (r + 64 * 4096, 248 * 4096, 1),
+            (128 * MIB, 2 * MIB, 20),
+        ];
+        let (w, mut e, vm) = hybrid_vm(len, 30, 2 * MIB + 64 * 1024, &hot);
+        for _ in 0..4 {
+            e.tick();
+        }
+        assert_eq!(pages_in_dram(&w, r, 2 * MIB), 64);
+        e.set_pins(&vm, vec![pin(r, 2 * MIB, PinTier::Dram)])
+            .unwrap();
+        for t in 1..=6 {
+            e.tick();
+            assert_eq!(pages_in_dram(&w, r, 2 * MIB), 512, "tick {t} pinned");
+            assert!(
+                dram_bytes(&w) <= 2 * MIB + 64 * 1024,
+                "tick {t}: over budget"
+            );
+        }
+        e.set_pins(&vm, Vec::new()).unwrap();
+        for _ in 0..3 {
+            e.tick();
+        }
+        assert_eq!(pages_in_dram(&w, r, 64 * 4096), 64);
+        assert!(pages_in_dram(&w, r, 2 * MIB) < 512, "R's cold pages stayed");
     }
 
     #[test]

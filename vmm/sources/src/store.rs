@@ -710,11 +710,24 @@ impl HotnessStore {
         budget_bytes: u64,
         move_pages: u64,
     ) -> Vec<(Granule, Step, u8)> {
+        self.touch_up_plan_held(hot_min, budget_bytes, move_pages, |_, _| false)
+    }
+
+    /// [`Self::touch_up_plan`] without the touch-ups `held(region, step)` refuses: pinned
+    /// regions (vmtierd's DRAM pins are never trimmed, its CXL pins never promoted).
+    pub fn touch_up_plan_held(
+        &self,
+        hot_min: u8,
+        budget_bytes: u64,
+        move_pages: u64,
+        held: impl Fn(Granule, Step) -> bool,
+    ) -> Vec<(Granule, Step, u8)> {
         let mut left = move_pages;
         let fast = self.tier_bytes().fast;
         let mut room = budget_bytes.saturating_sub(fast) / 4096;
         let over = fast.saturating_sub(budget_bytes).div_ceil(4096);
-        let ups = self.touch_ups(hot_min);
+        let mut ups = self.touch_ups(hot_min);
+        ups.retain(|u| !held(u.0, u.1));
         // Pages that would take DRAM if they could: every page of a hot whole region on the
         // slow tier, then the hot slow pages of split regions (heat at least `hot_min`);
         // counted only as far as it matters (past the room left plus every trim, all run).
