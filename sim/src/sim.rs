@@ -436,6 +436,8 @@ struct HintScanner {
     /// Length of a tick in ms (`Config::tick_ms`), to turn the kernel's periods into
     /// thousandths of a tick.
     tick_ms: u64,
+    /// The shortest period, ms: a call's size at most 2560 MB/s (`MAX_SCAN_WINDOW`).
+    floor_ms: u64,
     /// Whether the period doubles with promotions (`Config::hint_scan_backoff`).
     backoff: bool,
     /// The scan period, fixed at the first call.
@@ -455,6 +457,7 @@ struct ScanPeriod {
 
 impl HintScanner {
     fn new(n: usize, scan_mb: u64, granule_bytes: u64, tick_ms: u32, backoff: bool) -> Self {
+        const MAX_SCAN_WINDOW_MB: u64 = 2560;
         Self {
             unmapped_at: vec![u64::MAX; n],
             cursor: 0,
@@ -462,6 +465,7 @@ impl HintScanner {
             seq: 0,
             placed_seq: 0,
             tick_ms: u64::from(tick_ms.max(1)),
+            floor_ms: 1000 / (MAX_SCAN_WINDOW_MB / scan_mb.max(1)).max(1),
             backoff,
             period: None,
         }
@@ -469,12 +473,10 @@ impl HintScanner {
 
     /// `task_scan_start` and `task_scan_max` for `populated` granules, in thousandths of a
     /// tick, at `now`: 1 s and 60 s divided by the windows populated (one per call's size),
-    /// at least the floor of 2560 MB/s (`MAX_SCAN_WINDOW`).
-    fn first_period(&self, populated: usize, scan_mb: u64, now: u64) -> ScanPeriod {
-        const MAX_SCAN_WINDOW_MB: u64 = 2560;
+    /// at least [`Self::floor_ms`].
+    fn first_period(&self, populated: usize, now: u64) -> ScanPeriod {
         let windows = (populated.div_ceil(self.size.max(1)).max(1)) as u64;
-        let floor_ms = 1000 / (MAX_SCAN_WINDOW_MB / scan_mb.max(1)).max(1);
-        let start_ms = (1000 / windows).max(floor_ms);
+        let start_ms = (1000 / windows).max(self.floor_ms);
         let max_ms = (60_000 / windows).max(start_ms);
         let tick = |ms: u64| (ms * 1000 / self.tick_ms).max(1);
         ScanPeriod {
@@ -503,7 +505,7 @@ impl HintScanner {
     /// first one: only at the end of a tick, the scan delay).
     fn scan(
         &mut self,
-        (k, scans, scan_mb): (u16, u16, u64),
+        (k, scans): (u16, u16),
         allocated: &[bool],
         records: &[HeatRecord],
         now: u64,
@@ -516,7 +518,7 @@ impl HintScanner {
                 return;
             }
             let populated = allocated.iter().filter(|&&a| a).count();
-            self.period = Some(self.first_period(populated, scan_mb, now));
+            self.period = Some(self.first_period(populated, now));
         }
         while let Some(p) = self.period.filter(|p| p.next <= now) {
             self.call(allocated, records, now);
@@ -880,8 +882,7 @@ pub fn run_logged(
                 now += 1;
             }
             if let Some(h) = hint.as_mut() {
-                let when = (k, scans, cfg.hint_scan_mb_per_tick);
-                h.scan(when, &allocated, store.records(), clock(b));
+                h.scan((k, scans), &allocated, store.records(), clock(b));
             }
         }
         if let Some(d) = damon.as_mut() {
@@ -1544,7 +1545,7 @@ mod tests {
                 let seq = h.seq;
                 for k in 0..8u16 {
                     let now = tick * 1000 + u64::from(k + 1) * 125;
-                    h.scan((k, 8, mb), &allocated, &records, now);
+                    h.scan((k, 8), &allocated, &records, now);
                 }
                 if h.seq != seq {
                     calls.push(tick);
@@ -1557,7 +1558,7 @@ mod tests {
         }
         // Up to 60 s: 1, 2, 4 ... 32 s, then 60 s.
         let mut h = HintScanner::new(n, mb, 4096, 1000, true);
-        h.scan((7, 8, mb), &allocated, &records, 1000);
+        h.scan((7, 8), &allocated, &records, 1000);
         let mut periods = Vec::new();
         for i in 1..9 {
             h.seq = i;
@@ -1568,13 +1569,13 @@ mod tests {
         // The limits: 1 s / windows, at least 100 ms (2560 MB/s of 256 MB calls); 60 s /
         // windows.
         let h = HintScanner::new(1 << 20, 256, 4096, 1000, true);
-        let p = |pop| h.first_period(pop, 256, 0);
+        let p = |pop| h.first_period(pop, 0);
         assert_eq!((p(1).now, p(1).max), (1000, 60_000));
         assert_eq!((p(3 << 16).now, p(3 << 16).max), (333, 20_000));
         assert_eq!((p(1 << 20).now, p(1 << 20).max), (100, 3750));
         let h = HintScanner::new(1, 256, 4096, 500, true);
         assert_eq!(
-            h.first_period(1, 256, 7),
+            h.first_period(1, 7),
             ScanPeriod {
                 now: 2000,
                 max: 120_000,
