@@ -682,8 +682,15 @@ pub fn run_logged(
     let per_window = (cfg.damon_aggr_us / cfg.damon_sample_us).max(1);
     let unit_log2 = if cfg.thp { 9 } else { 0 };
     let mut damon = (source == TrackingSource::DamonRegions).then(|| {
+        // Cut to `min_nr_regions` from the start, as vmtierd hands them to `fvaddr`.
+        let whole = [(0, u64::from(trace.pages))];
+        let init: Vec<(u32, u32)> =
+            vmtier_sources::damon::even_regions(&whole, u64::from(cfg.damon_min_regions), 1)
+                .into_iter()
+                .filter_map(|(s, e)| Some((u32::try_from(s).ok()?, u32::try_from(e).ok()?)))
+                .collect();
         DamonModel::new(
-            &[(0, trace.pages)],
+            &init,
             DamonAttrs {
                 samples_per_window: per_window,
                 min_nr_regions: cfg.damon_min_regions,

@@ -450,6 +450,23 @@ pub fn run(c: &mut Checks, a: &DaemonArgs) {
                 got.0, got.1, regions.0, regions.1
             ),
         );
+        // fvaddr starts from the regions it is given: vmtierd cuts guest RAM to about
+        // min_nr_regions (a few more where ranges round), not the few ranges it has.
+        let ctx = format!("/sys/kernel/mm/damon/admin/kdamonds/{slot}/contexts/0");
+        let ops = std::fs::read_to_string(format!("{ctx}/operations")).unwrap_or_default();
+        let given = std::fs::read_to_string(format!("{ctx}/targets/0/regions/nr_regions"))
+            .ok()
+            .and_then(|v| v.trim().parse::<u64>().ok());
+        let want = regions.0..=regions.0.saturating_add(16);
+        c.check(
+            ops.trim() != "fvaddr" || given.is_some_and(|n| want.contains(&n)),
+            "vmtierd hands fvaddr guest RAM cut to min_nr_regions",
+            format!(
+                "{}: {given:?} initial regions (min_nr_regions {})",
+                ops.trim(),
+                regions.0
+            ),
+        );
     }
     let (ok, list) = d.ctl(&["list"]);
     c.check(

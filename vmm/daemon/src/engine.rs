@@ -35,7 +35,7 @@
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
-use log::{debug, info, warn};
+use log::{debug, info, trace, warn};
 use vmtier_core::backend::{Error as BackendError, VmBackend};
 use vmtier_core::hotness::{Error as SourceError, HotnessSource};
 use vmtier_core::hybrid::{self, Step};
@@ -1496,6 +1496,23 @@ fn tick_vm(
         plan.promote.retain(|&g| !p.is_fast(g) && !p.is_slow(g));
         plan.demote.retain(|&g| !p.is_fast(g));
         vm.metrics.deferred_granules += (before - plan.moves()) as u64;
+    }
+    if log::log_enabled!(log::Level::Trace) {
+        // Every slow granule the policy saw any heat on, to tell why one was (not) promoted.
+        let warm: Vec<String> = records
+            .iter()
+            .enumerate()
+            .filter(|(_, r)| !r.is_fast() && r.heat() > 0)
+            .filter_map(|(i, r)| {
+                let s = vm.store.span(Granule(u32::try_from(i).ok()?))?;
+                Some(format!("{:#x}:{}", s.gpa.0, r.heat()))
+            })
+            .collect();
+        trace!(
+            "{name}: tick {}: slow granules with heat [{}] (gpa:heat)",
+            vm.tick,
+            warm.join(" ")
+        );
     }
     if log::log_enabled!(log::Level::Debug) && !plan.is_empty() {
         let show = |gs: &[Granule]| -> String {

@@ -33,7 +33,7 @@ pub mod trace;
 use std::path::PathBuf;
 
 use vmtier_core::hotness::{self, HotnessSource};
-use vmtier_core::{GuestMemoryLayout, HostVirtAddr, ProcessId, RegionAccess};
+use vmtier_core::{GranuleSize, GuestMemoryLayout, HostVirtAddr, ProcessId, RegionAccess};
 
 pub use sysfs::{Attrs, Sysfs, TriedRegion, DEFAULT_ROOT};
 use trace::{AggregatedTrace, WindowRegion};
@@ -186,6 +186,35 @@ fn host_ranges(layout: &GuestMemoryLayout) -> Vec<(u64, u64)> {
             Some(last) if s <= last.1 => last.1 = last.1.max(e),
             _ => out.push((s, e)),
         }
+    }
+    out
+}
+
+/// `ranges` (sorted, disjoint) cut into about `n` initial regions of equal size, at least
+/// `unit` and on `unit` boundaries; a range smaller than that size stays whole.
+///
+/// Linux 6.12 starts an `fvaddr` context from the regions it is given and splits them only
+/// at the end of each aggregation window, in two or three at a time: from the guest's few RAM
+/// ranges that takes about ten windows (a whole 1 s tick) before a region is as small as
+/// `min_nr_regions` allows. Meanwhile one region averages the hot set with the cold memory
+/// around it, and every granule reads warm (the testbed, 2026-11-28: heat 5–10 on all guest
+/// RAM in vmtierd's first tick). `vaddr`'s own init splits evenly like this
+/// (`__damon_va_init_regions`); so vmtierd hands `fvaddr` its ranges already cut.
+pub fn even_regions(ranges: &[(u64, u64)], n: u64, unit: u64) -> Vec<(u64, u64)> {
+    let unit = unit.max(1);
+    let total: u64 = ranges.iter().map(|&(s, e)| e.saturating_sub(s)).sum();
+    let size = (total / n.max(1)) / unit * unit;
+    let size = size.max(unit);
+    let mut out = Vec::new();
+    for &(s, e) in ranges.iter().filter(|(s, e)| s < e) {
+        let pieces = ((e - s) / size).max(1);
+        let piece = ((e - s) / pieces / unit * unit).max(unit);
+        let mut at = s;
+        for _ in 1..pieces {
+            out.push((at, at + piece));
+            at += piece;
+        }
+        out.push((at, e));
     }
     out
 }
@@ -363,7 +392,12 @@ impl DamonSource {
             attrs: self.config.attrs,
             targets: vec![sysfs::Target {
                 pid: Some(pid),
-                regions: ranges.to_vec(),
+                // vaddr replaces them with its own, evenly split.
+                regions: even_regions(
+                    ranges,
+                    self.config.attrs.min_nr_regions,
+                    GranuleSize::BASE.bytes(),
+                ),
             }],
             // The stat scheme serves the snapshot reader; it costs one pass over the
             // regions per window and changes nothing.
@@ -516,6 +550,47 @@ pub fn probe(root: &std::path::Path) -> Result<&'static str, Error> {
 mod tests {
     use super::*;
     use vmtier_core::{Backing, GuestPhysAddr, GuestRamRange};
+
+    #[test]
+    fn initial_regions_are_cut_evenly_to_min_nr_regions() {
+        const P: u64 = 4096;
+        const M: u64 = 1 << 20;
+        // (ranges, min_nr_regions) -> regions made (at least, at most): the size is rounded
+        // down to whole pages, so a range can take a few more.
+        for (ranges, n, want) in [
+            (vec![(0, 1000 * P)], 10, (10, 10)),
+            // The testbed guest: 640 KiB below the hole, the rest above 1 MiB (255.8 MiB).
+            (vec![(0, 640 << 10), (M, 256 * M)], 520, (520, 524)),
+            // A range smaller than one region stays whole.
+            (vec![(0, P), (16 * M, 32 * M)], 16, (17, 17)),
+            // More regions asked for than pages: one page each.
+            (vec![(0, 3 * P)], 520, (3, 3)),
+            (vec![(0, 8 * P)], 0, (1, 1)),
+            (vec![], 10, (0, 0)),
+        ] {
+            let got = even_regions(&ranges, n, P);
+            let len = got.len();
+            assert!(
+                (want.0..=want.1).contains(&len),
+                "{ranges:x?} in {n}: {len}"
+            );
+            // The regions cover the ranges exactly, page-aligned, none empty.
+            let mut covered: Vec<(u64, u64)> = Vec::new();
+            for &(s, e) in &got {
+                assert!(s < e && s % P == 0 && e % P == 0, "{s:#x}-{e:#x}");
+                match covered.last_mut() {
+                    Some(l) if l.1 == s => l.1 = e,
+                    _ => covered.push((s, e)),
+                }
+            }
+            assert_eq!(covered, ranges, "{n}");
+            // Even: no region more than twice another within a range's cut.
+            let sizes: Vec<u64> = got.iter().map(|(s, e)| e - s).collect();
+            if let (Some(lo), Some(hi)) = (sizes.iter().min(), sizes.iter().max()) {
+                assert!(ranges.len() > 1 || *hi < 2 * lo, "{lo} .. {hi}");
+            }
+        }
+    }
 
     #[test]
     fn segments_are_clipped_to_guest_ranges() {
