@@ -207,12 +207,17 @@ pub fn even_regions(ranges: &[(u64, u64)], n: u64, unit: u64) -> Vec<(u64, u64)>
     let size = size.max(unit);
     let mut out = Vec::new();
     for &(s, e) in ranges.iter().filter(|(s, e)| s < e) {
-        let pieces = ((e - s) / size).max(1);
-        let piece = ((e - s) / pieces / unit * unit).max(unit);
+        let len = e - s;
+        let pieces = (len / size).max(1);
+        // Cut k at k/pieces of the range, rounded down to a unit: the pieces differ by at
+        // most a unit, and none is empty since each spans at least `size` >= `unit` before
+        // rounding.
         let mut at = s;
-        for _ in 1..pieces {
-            out.push((at, at + piece));
-            at += piece;
+        for k in 1..pieces {
+            let off = u128::from(len) * u128::from(k) / u128::from(pieces);
+            let off = u64::try_from(off).unwrap_or(len) / unit * unit;
+            out.push((at, s + off));
+            at = s + off;
         }
         out.push((at, e));
     }
@@ -584,10 +589,16 @@ mod tests {
                 }
             }
             assert_eq!(covered, ranges, "{n}");
-            // Even: no region more than twice another within a range's cut.
-            let sizes: Vec<u64> = got.iter().map(|(s, e)| e - s).collect();
-            if let (Some(lo), Some(hi)) = (sizes.iter().min(), sizes.iter().max()) {
-                assert!(ranges.len() > 1 || *hi < 2 * lo, "{lo} .. {hi}");
+            // Even: within each range the regions differ by at most a page.
+            for &(rs, re) in &ranges {
+                let sizes: Vec<u64> = got
+                    .iter()
+                    .filter(|r| rs <= r.0 && r.1 <= re)
+                    .map(|(s, e)| e - s)
+                    .collect();
+                let lo = sizes.iter().min().copied().unwrap_or(0);
+                let hi = sizes.iter().max().copied().unwrap_or(0);
+                assert!(hi - lo <= P, "{rs:#x}-{re:#x}: {lo} .. {hi}");
             }
         }
     }
