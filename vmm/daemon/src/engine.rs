@@ -1497,38 +1497,33 @@ fn tick_vm(
         plan.demote.retain(|&g| !p.is_fast(g));
         vm.metrics.deferred_granules += (before - plan.moves()) as u64;
     }
+    // Granules as `gpa:heat`, for the plan (debug) and the slow granules' heats (trace).
+    let show = |gs: &mut dyn Iterator<Item = Granule>| -> String {
+        gs.map(|g| {
+            let gpa = vm.store.span(g).map_or(0, |s| s.gpa.0);
+            let heat = records.get(g.index()).map_or(0, |r| r.heat());
+            format!("{gpa:#x}:{heat}")
+        })
+        .collect::<Vec<_>>()
+        .join(" ")
+    };
     if log::log_enabled!(log::Level::Trace) {
         // Every slow granule the policy saw any heat on, to tell why one was (not) promoted.
-        let warm: Vec<String> = records
-            .iter()
-            .enumerate()
-            .filter(|(_, r)| !r.is_fast() && r.heat() > 0)
-            .filter_map(|(i, r)| {
-                let s = vm.store.span(Granule(u32::try_from(i).ok()?))?;
-                Some(format!("{:#x}:{}", s.gpa.0, r.heat()))
-            })
-            .collect();
+        let mut warm = (0..records.len())
+            .filter(|&i| !records[i].is_fast() && records[i].heat() > 0)
+            .filter_map(|i| u32::try_from(i).ok().map(Granule));
         trace!(
             "{name}: tick {}: slow granules with heat [{}] (gpa:heat)",
             vm.tick,
-            warm.join(" ")
+            show(&mut warm)
         );
     }
     if log::log_enabled!(log::Level::Debug) && !plan.is_empty() {
-        let show = |gs: &[Granule]| -> String {
-            gs.iter()
-                .map(|&g| {
-                    let gpa = vm.store.span(g).map_or(0, |s| s.gpa.0);
-                    format!("{:#x}:{}", gpa, vm.store.records()[g.index()].heat())
-                })
-                .collect::<Vec<_>>()
-                .join(" ")
-        };
         debug!(
             "{name}: tick {}: fast {fast_used}/{budget} granules; promote [{}]; demote [{}] (gpa:heat)",
             vm.tick,
-            show(&plan.promote),
-            show(&plan.demote)
+            show(&mut plan.promote.iter().copied()),
+            show(&mut plan.demote.iter().copied())
         );
     }
 
