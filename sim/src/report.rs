@@ -146,6 +146,20 @@ pub const ZOOM: [(&str, u64); 3] = [
 /// an 8 MiB zoom context, simulator only: name, bytes, `detail_percent`.
 pub const ZOOM_HYBRID: (&str, u64, u8) = ("hyb-zoom8m-simonly", 8 << 20, HYBRID_DETAIL_PERCENT);
 
+/// The report's rows in [`run_trace`]'s order (with `zoom`, the experiment rows too): the
+/// names `--plot-policies` takes.
+pub fn row_names(zoom: bool) -> Vec<&'static str> {
+    let mut v = vec!["oracle", "hindsight"];
+    v.extend(SHIPPED.iter().map(|s| s.0));
+    v.extend(GRANULARITY.iter().map(|g| g.0));
+    if zoom {
+        v.extend(ZOOM.iter().map(|z| z.0));
+        v.push(ZOOM_HYBRID.0);
+    }
+    v.extend(vmtier_policies::registry::REGISTRY.iter().map(|e| e.name));
+    v
+}
+
 /// Runs every policy and the oracle on one trace; with `zoom`, the sim-only experiment rows
 /// [`ZOOM`] and [`ZOOM_HYBRID`] too (`vmtier-sim report --zoom`).
 pub fn run_trace(
@@ -368,20 +382,105 @@ pub fn human_bytes(b: u64) -> String {
     }
 }
 
-const COLORS: [Rgb; 9] = [
-    Rgb(0x00, 0x00, 0x00),
-    Rgb(0xd6, 0x27, 0x28),
-    Rgb(0x1f, 0x77, 0xb4),
-    Rgb(0x2c, 0xa0, 0x2c),
-    Rgb(0xff, 0x7f, 0x0e),
-    Rgb(0x94, 0x67, 0xbd),
-    Rgb(0x8c, 0x56, 0x4b),
-    Rgb(0xe3, 0x77, 0xc2),
-    Rgb(0x7f, 0x7f, 0x7f),
+/// Each row's line colour on the hit-ratio chart, the same on every chart: the references in
+/// black and grey, vmtierd's rows in blues, the baselines in distinct hues.
+const ROW_COLORS: [(&str, Rgb); 13] = [
+    ("oracle", Rgb(0x00, 0x00, 0x00)),
+    ("hindsight", Rgb(0x7f, 0x7f, 0x7f)),
+    ("vmtierd", Rgb(0x1f, 0x77, 0xb4)),
+    ("vmtierd-softdirty", Rgb(0x6b, 0xae, 0xd6)),
+    ("vmtierd-2m", Rgb(0x17, 0xbe, 0xcf)),
+    ("vmtierd-hybrid", Rgb(0x39, 0x3b, 0x79)),
+    ("default", Rgb(0x2c, 0xa0, 0x2c)),
+    ("numab", Rgb(0xff, 0x7f, 0x0e)),
+    ("tpp", Rgb(0xd6, 0x27, 0x28)),
+    ("memtis", Rgb(0x94, 0x67, 0xbd)),
+    ("damos", Rgb(0x8c, 0x56, 0x4b)),
+    ("memtierd", Rgb(0xe3, 0x77, 0xc2)),
+    ("first-touch", Rgb(0xbc, 0xbd, 0x22)),
 ];
+
+/// Colours of rows [`ROW_COLORS`] does not name (the experiment rows), by position.
+const OTHER_COLORS: [Rgb; 4] = [
+    Rgb(0x9e, 0xda, 0xe5),
+    Rgb(0xff, 0xbb, 0x78),
+    Rgb(0x98, 0xdf, 0x8a),
+    Rgb(0xc5, 0xb0, 0xd5),
+];
+
+fn row_color(policy: &str, i: usize) -> Rgb {
+    ROW_COLORS
+        .iter()
+        .find(|(n, _)| *n == policy)
+        .map_or(OTHER_COLORS[i % OTHER_COLORS.len()], |c| c.1)
+}
+
+/// Which plots [`plots`] draws for a trace at a budget.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PlotSpec {
+    /// SVG or PNG; `None` draws nothing.
+    pub format: Option<Format>,
+    /// The budgets (permille of the footprint) that get plots.
+    pub budgets: Vec<u32>,
+    /// The policies on the hit-ratio chart, in the report's order; every run when empty.
+    pub hit_policies: Vec<String>,
+}
+
+/// The policies whose placement [`plots`] draws as heatmaps.
+pub const HEATMAP_POLICIES: [&str; 4] = ["oracle", "vmtierd", "numab", "memtis"];
+
+/// The plots of `trace` at `permille` of its footprint, as `(file name, bytes)`: the hit-ratio
+/// chart (`policies-hit-{slug}-{pct}pct.{ext}`) and the heatmaps of [`HEATMAP_POLICIES`]
+/// (`policies-heatmap-…`); none when `spec` leaves out this budget or every format.
+pub fn plots(
+    trace: &str,
+    permille: u32,
+    runs: &[RunResult],
+    spec: &PlotSpec,
+) -> Result<Vec<(String, Vec<u8>)>, Error> {
+    let Some(format) = spec.format else {
+        return Ok(Vec::new());
+    };
+    if !spec.budgets.contains(&permille) {
+        return Ok(Vec::new());
+    }
+    let ext = match format {
+        Format::Svg => "svg",
+        Format::Png => "png",
+    };
+    let pct = trim_permille(permille);
+    let name = format!("{trace}, DRAM {pct} % of the footprint");
+    let file = |kind: &str| format!("policies-{kind}-{}-{pct}pct.{ext}", slug(trace));
+    let hit = hit_figure_of(&name, runs, &spec.hit_policies);
+    let pick: Vec<&RunResult> = runs
+        .iter()
+        .filter(|r| HEATMAP_POLICIES.contains(&r.policy.as_str()))
+        .collect();
+    let heat = heatmap_figure(&name, &pick);
+    let draw = |fig: &Figure| vmtier_plot::render(fig, format).map_err(Error::Plot);
+    Ok(vec![
+        (file("hit"), draw(&hit)?),
+        (file("heatmap"), draw(&heat)?),
+    ])
+}
+
+/// `250` → `25`, `125` → `12.5`.
+fn trim_permille(permille: u32) -> String {
+    if permille % 10 == 0 {
+        (permille / 10).to_string()
+    } else {
+        format!("{}.{}", permille / 10, permille % 10)
+    }
+}
 
 /// The hit-ratio chart: per tick, one line per run; dashed verticals at hot-set shifts.
 pub fn hit_figure(trace: &str, runs: &[RunResult]) -> Figure {
+    hit_figure_of(trace, runs, &[])
+}
+
+/// [`hit_figure`] of the runs named in `only` (every run when empty). A policy keeps its colour
+/// whichever others are shown.
+pub fn hit_figure_of(trace: &str, runs: &[RunResult], only: &[String]) -> Figure {
     let ticks = runs.first().map_or(1, |r| r.series.len().max(2));
     #[allow(clippy::cast_precision_loss)]
     let mut p = Panel::new(
@@ -405,11 +504,14 @@ pub fn hit_figure(trace: &str, runs: &[RunResult]) -> Figure {
         p.vlines.extend(r.marker_ticks.iter().map(|&m| m as f64));
     }
     for (i, r) in runs.iter().enumerate() {
+        if !only.is_empty() && !only.contains(&r.policy) {
+            continue;
+        }
         #[allow(clippy::cast_precision_loss)]
         p.series.push(Series {
             name: format!("{} ({:.3})", r.policy, r.hit_ratio),
-            color: COLORS[i % COLORS.len()],
-            width: if r.policy == "default" { 3 } else { 1 },
+            color: row_color(&r.policy, i),
+            width: if r.policy == "vmtierd" { 3 } else { 1 },
             points: r
                 .series
                 .iter()
@@ -528,12 +630,12 @@ mod tests {
     use super::*;
     use crate::gen::{generate, Kind, Spec};
 
-    #[test]
-    fn report_rows_targets_and_plots() -> Result<(), Error> {
+    /// A small moving-hot trace and a config of 5 000-access ticks with a 4-row heatmap.
+    fn moving_hot(pages: u32, accesses: u64) -> (Trace, Config) {
         let t = generate(&Spec {
             kind: Kind::MovingHot,
-            pages: 1024,
-            accesses: 60_000,
+            pages,
+            accesses,
             ..Spec::default()
         })
         .expect("generate");
@@ -542,6 +644,79 @@ mod tests {
             heatmap_rows: 4,
             ..Config::default()
         };
+        (t, cfg)
+    }
+
+    #[test]
+    fn plots_follow_the_spec() -> Result<(), Error> {
+        let (t, cfg) = moving_hot(512, 20_000);
+        let (_, runs) = run_trace("mh/x", &t, &cfg, false)?;
+        let spec = |format, budgets: &[u32], only: &[&str]| PlotSpec {
+            format,
+            budgets: budgets.to_vec(),
+            hit_policies: only.iter().map(|p| (*p).to_owned()).collect(),
+        };
+        // (spec, budget drawn at) -> files
+        let cases: [(PlotSpec, u32, &[&str]); 4] = [
+            (spec(None, &[250], &[]), 250, &[]),
+            (spec(Some(Format::Svg), &[250], &[]), 100, &[]),
+            (
+                spec(Some(Format::Svg), &[100, 250], &[]),
+                250,
+                &[
+                    "policies-hit-mh_x-25pct.svg",
+                    "policies-heatmap-mh_x-25pct.svg",
+                ],
+            ),
+            (
+                spec(Some(Format::Png), &[125], &["vmtierd", "numab"]),
+                125,
+                &[
+                    "policies-hit-mh_x-12.5pct.png",
+                    "policies-heatmap-mh_x-12.5pct.png",
+                ],
+            ),
+        ];
+        for (sp, permille, want) in cases {
+            let got = plots("mh/x", permille, &runs, &sp)?;
+            let names: Vec<&str> = got.iter().map(|(n, _)| n.as_str()).collect();
+            assert_eq!(names, want, "{sp:?} at {permille}");
+            for (name, bytes) in &got {
+                if name.ends_with(".png") {
+                    assert!(bytes.starts_with(b"\x89PNG"), "{name}");
+                } else {
+                    assert!(bytes.starts_with(b"<svg"), "{name}");
+                }
+            }
+        }
+        // Only the named rows are drawn, each in its own colour whatever else is shown.
+        let only = ["vmtierd".to_owned(), "numab".to_owned()];
+        let fig = hit_figure_of("mh", &runs, &only);
+        let drawn: Vec<&str> = fig.panels[0]
+            .series
+            .iter()
+            .map(|s| s.name.split(' ').next().unwrap_or(""))
+            .collect();
+        assert_eq!(drawn, ["vmtierd", "numab"]);
+        let all = hit_figure("mh", &runs);
+        assert_eq!(all.panels[0].series.len(), runs.len());
+        let color = |f: &Figure, p: &str| {
+            f.panels[0]
+                .series
+                .iter()
+                .find(|s| s.name.starts_with(&format!("{p} (")))
+                .map(|s| s.color)
+        };
+        assert_eq!(color(&fig, "numab"), color(&all, "numab"));
+        let colors: std::collections::HashSet<_> =
+            all.panels[0].series.iter().map(|s| s.color).collect();
+        assert_eq!(colors.len(), runs.len(), "every row its own colour");
+        Ok(())
+    }
+
+    #[test]
+    fn report_rows_targets_and_plots() -> Result<(), Error> {
+        let (t, cfg) = moving_hot(1024, 60_000);
         let (rep, runs) = run_trace("mh", &t, &cfg, true)?;
         assert_eq!(
             rep.results.len(),
@@ -551,6 +726,13 @@ mod tests {
                 + GRANULARITY.len()
                 + ZOOM.len()
                 + 1
+        );
+        assert_eq!(
+            rep.results
+                .iter()
+                .map(|r| r.policy.as_str())
+                .collect::<Vec<_>>(),
+            row_names(true)
         );
         assert_eq!(rep.results[0].policy, "oracle");
         assert_eq!(rep.results[1].policy, "hindsight");

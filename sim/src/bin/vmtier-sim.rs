@@ -7,6 +7,7 @@
 //! vmtier-sim record-lackey --out FILE [--max-records N] [--skip-records N]
 //!     [--epoch-instructions N] [--sample-every N] [--max-epochs N] [--seed N] < lackey.log
 //! vmtier-sim report [--traces DIR] [--out DIR] [--config FILE] [--quick] [--no-scale] [--no-generated] [--zoom]
+//!     [--plots svg|png|none] [--plot-budgets all|PCT,...] [--plot-policies NAME,...]
 //! vmtier-sim scale [--pages-log2 N] [--accesses N]
 //! vmtier-sim stat --trace FILE
 //! vmtier-sim thin --trace FILE --every N --out FILE [--seed N]
@@ -35,6 +36,7 @@ const USAGE: &str = "usage:
   vmtier-sim record-lackey --out FILE [--max-records N] [--skip-records N]
       [--epoch-instructions N] [--sample-every N] [--max-epochs N] [--seed N] < lackey.log
   vmtier-sim report [--traces DIR] [--out DIR] [--config FILE] [--quick] [--no-scale] [--no-generated] [--zoom]
+      [--plots svg|png|none] [--plot-budgets all|PCT,...] [--plot-policies NAME,...]
   vmtier-sim scale [--pages-log2 N] [--accesses N]
   vmtier-sim stat --trace FILE
   vmtier-sim thin --trace FILE --every N --out FILE [--seed N]
@@ -320,12 +322,79 @@ fn suite(quick: bool) -> Result<Vec<(String, Trace)>, Error> {
 /// DRAM budgets of the report, permille of each trace's footprint.
 const BUDGETS: [u32; 3] = [100, 250, 500];
 
+/// The report's plots from `--plots svg|png|none` (default svg), `--plot-budgets` (percents of
+/// the footprint, `all`; default the config's budget, or 25 % if that is not one of the
+/// report's) and `--plot-policies` (the hit-ratio chart's lines; default all).
+fn plot_spec(a: &Args, config_permille: u32) -> Result<report::PlotSpec, Error> {
+    let format = match a.opts.get("plots").map_or("svg", String::as_str) {
+        "svg" => Some(vmtier_plot::Format::Svg),
+        "png" => Some(vmtier_plot::Format::Png),
+        "none" => None,
+        v => return Err(Error::Usage(format!("--plots: svg, png or none, not {v}"))),
+    };
+    let budgets = match a.opts.get("plot-budgets").map(String::as_str) {
+        None if BUDGETS.contains(&config_permille) => vec![config_permille],
+        None => vec![250],
+        Some("all") => BUDGETS.to_vec(),
+        Some(list) => list
+            .split(',')
+            .map(|w| {
+                let w = w.trim().trim_end_matches('%');
+                w.parse::<u32>()
+                    .ok()
+                    .and_then(|p| p.checked_mul(10))
+                    .filter(|p| BUDGETS.contains(p))
+                    .ok_or_else(|| {
+                        Error::Usage(format!(
+                            "--plot-budgets: {w} is not one of the report's budgets (10, 25, 50) or all"
+                        ))
+                    })
+            })
+            .collect::<Result<_, _>>()?,
+    };
+    let known = report::row_names(a.flag("zoom"));
+    let hit_policies = match a.opts.get("plot-policies") {
+        None => Vec::new(),
+        Some(list) => list
+            .split(',')
+            .map(str::trim)
+            .filter(|p| !p.is_empty())
+            .map(|p| {
+                if known.contains(&p) {
+                    Ok(p.to_owned())
+                } else {
+                    Err(Error::Usage(format!(
+                        "--plot-policies: no row {p} in the report (rows: {})",
+                        known.join(", ")
+                    )))
+                }
+            })
+            .collect::<Result<_, _>>()?,
+    };
+    Ok(report::PlotSpec {
+        format,
+        budgets,
+        hit_policies,
+    })
+}
+
 fn cmd_report(args: &[String]) -> Result<(), Error> {
-    let a = parse_args(args, &["traces", "out", "config"])?;
+    let a = parse_args(
+        args,
+        &[
+            "traces",
+            "out",
+            "config",
+            "plots",
+            "plot-budgets",
+            "plot-policies",
+        ],
+    )?;
     a.check_flags(&["quick", "no-scale", "no-generated", "zoom"])?;
     let quick = a.flag("quick");
     let zoom = a.flag("zoom");
     let cfg = load_config(a.opts.get("config"))?;
+    let plots = plot_spec(&a, cfg.fast_permille)?;
     let out = PathBuf::from(a.opts.get("out").map_or("target/bench", String::as_str));
     std::fs::create_dir_all(&out).map_err(|e| report::Error::Write(out.clone(), e))?;
     let mut traces = if a.flag("no-generated") {
@@ -371,24 +440,8 @@ fn cmd_report(args: &[String]) -> Result<(), Error> {
             };
             let (rep, runs) = report::run_trace(name, t, &c, zoom)?;
             print!("{}", report::table(&rep));
-            if permille == cfg.fast_permille
-                || (permille == 250 && !BUDGETS.contains(&cfg.fast_permille))
-            {
-                let slug = report::slug(name);
-                report::write_file(
-                    &out.join(format!("policies-hit-{slug}.svg")),
-                    report::hit_svg(name, &runs)?.as_bytes(),
-                )?;
-                let pick: Vec<&sim::RunResult> = runs
-                    .iter()
-                    .filter(|r| {
-                        ["oracle", "vmtierd", "numab", "memtis"].contains(&r.policy.as_str())
-                    })
-                    .collect();
-                report::write_file(
-                    &out.join(format!("policies-heatmap-{slug}.svg")),
-                    report::heatmap_svg(name, &pick)?.as_bytes(),
-                )?;
+            for (file, bytes) in report::plots(name, permille, &runs, &plots)? {
+                report::write_file(&out.join(file), &bytes)?;
             }
             reports.push(rep);
         }
@@ -492,11 +545,19 @@ fn cmd_report(args: &[String]) -> Result<(), Error> {
     let text = serde_json::to_string_pretty(&json).map_err(report::Error::Json)?;
     let path = out.join("policies.json");
     report::write_file(&path, text.as_bytes())?;
-    eprintln!(
-        "wrote {} and SVG plots in {}",
-        path.display(),
-        out.display()
-    );
+    match plots.format {
+        Some(f) => eprintln!(
+            "wrote {} and {} plots in {}",
+            path.display(),
+            if f == vmtier_plot::Format::Svg {
+                "SVG"
+            } else {
+                "PNG"
+            },
+            out.display()
+        ),
+        None => eprintln!("wrote {}", path.display()),
+    }
     Ok(())
 }
 

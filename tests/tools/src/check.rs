@@ -58,6 +58,12 @@ impl Checks {
         self.check(false, name, detail);
     }
 
+    /// Checks failed so far.
+    #[cfg(test)]
+    pub fn failed(&self) -> u32 {
+        self.failed
+    }
+
     /// Prints the summary and turns it into an exit code.
     pub fn finish(self) -> ExitCode {
         println!("{} passed, {} failed", self.passed, self.failed);

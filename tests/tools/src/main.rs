@@ -68,6 +68,9 @@ enum Cmd {
     KmodWriteback(kmod_writeback::KmodWritebackArgs),
     /// vmtierd vs NUMA balancing vs DAMOS on the same guest: table and JSON (figures only).
     BenchE2e(bench_e2e::BenchE2eArgs),
+    /// bench-e2e's charts (hot memory in DRAM and DRAM used over time, per shape and page
+    /// backing) drawn again from its JSON, as SVG or PNG.
+    BenchE2ePlot(bench_e2e::plot::PlotArgs),
     /// Soak: ≥ N page migrations by vmtierd (move_pages and the module, 4 KiB and THP)
     /// under changing budgets while the guest writes; table and JSON, zero corruption.
     Soak(soak::SoakArgs),
@@ -112,6 +115,7 @@ fn main() -> ExitCode {
         Cmd::KmodFuzz(a) => kmod_fuzz::run(&mut c, &a),
         Cmd::KmodWriteback(a) => kmod_writeback::main(&mut c, &a),
         Cmd::BenchE2e(a) => bench_e2e::run(&mut c, &a),
+        Cmd::BenchE2ePlot(a) => bench_e2e::plot::run(&mut c, &a),
         Cmd::Sources(a) => sources::run(&mut c, &a),
         Cmd::Soak(a) => soak::run(&mut c, &a),
         Cmd::Libvirt(a) => libvirt::run(&mut c, &a),

@@ -20,6 +20,7 @@
 
 mod host;
 mod managers;
+pub mod plot;
 
 use std::collections::BTreeMap;
 use std::fs;
@@ -576,9 +577,11 @@ fn run_one(
         node_ranges: cx.node_ranges,
         vmtierd_params: &a.vmtierd_params,
         vmtierd_damon: &a.vmtierd_damon,
+        // One directory per run, so that each keeps its own vmtierd.log.
         dir: std::env::var("VMTIER_RUN")
             .map_or_else(|_| std::env::temp_dir(), PathBuf::from)
-            .join("bench-e2e"),
+            .join("bench-e2e")
+            .join(format!("{}-{}-{}", shape.name(), pages.name(), m.name())),
     };
     let mut detail = m.prepare(&env)?;
     // prepare() may have moved pages: back to node 1 before the baseline.
@@ -866,12 +869,15 @@ pub fn run(c: &mut Checks, a: &BenchE2eArgs) {
     if let Some(dir) = a.out.parent() {
         let _ = fs::create_dir_all(dir);
     }
-    let text = serde_json::to_string_pretty(&Value::Array(rows)).unwrap_or_default();
+    let text = serde_json::to_string_pretty(&rows).unwrap_or_default();
     c.check(
         fs::write(&a.out, text + "\n").is_ok(),
         "write the JSON",
         a.out.display(),
     );
+    // The charts beside it (`tbcheck bench-e2e-plot` draws them again, as PNG too).
+    let dir = a.out.parent().unwrap_or(std::path::Path::new("."));
+    plot::check_drawn(c, &rows, dir, vmtier_plot::Format::Svg);
 }
 
 #[cfg(test)]
