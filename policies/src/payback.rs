@@ -25,7 +25,8 @@
 //! 2 bytes per granule), only where this rule applies: heat alone cannot tell a decaying
 //! one-off (16, then 8) from a steady granule (8, 8), nor a touch on top of a lukewarm granule
 //! from a hot one. Two ticks are not enough either: in the testbed a background sweep is seen
-//! in two ticks running (it straddles a tick boundary, or DAMON's regions blur it). Sustained
+//! in two ticks running (it straddles a tick boundary, or DAMON's regions blur it), and a tick
+//! whose gain fell [`FADE_LEVELS`] below the tick before's sustains nothing. Sustained
 //! heat is expected to go on, and a granule that stays hot tick after tick is used densely, so
 //! its benefit grows with its pages as its cost does — per page a 2 MiB move costs a third of
 //! a 4 KiB one — and it pays back from the same `promote_min_heat` within a tick or two.
@@ -130,18 +131,27 @@ impl History {
     }
 }
 
+/// Levels of heat gain by which a tick's gain may fall short of the tick before's and still
+/// count as use kept up: 6 levels are a factor of 8 in the fraction of samples that saw the
+/// granule accessed ([`vmtier_core::policy::HeatRecord::heat_gain`], 2 levels per factor of 2).
+pub const FADE_LEVELS: u8 = 6;
+
 /// The heat a slow granule has *sustained* over three ticks: the least of its heat now, a tick
 /// ago, twice its heat two ticks ago (it has halved once more since), and twice what this tick
-/// added (the heat a steady rate of this tick's gain settles at); 0 if this tick added nothing
-/// or without history. A granule touched in one tick, or two running (a sweep that straddles
-/// a tick boundary or that DAMON blurs over two ticks), counts for no more than its own heat
-/// before the touch; a steady rate counts for its heat from the third tick it is seen (16, 24,
-/// 28: 24), a weak one as well (5% of 20 samples: 3, 4, 5: 4), a granule seen every other tick
-/// for its quiet tick's heat.
+/// added (the heat a steady rate of this tick's gain settles at); 0 if this tick added nothing,
+/// if its gain fell [`FADE_LEVELS`] or more below the tick before's (the use is fading, not
+/// kept up), or without history. A granule touched in one tick, or two running (a sweep that
+/// straddles a tick boundary or that DAMON blurs over two ticks), counts for no more than its
+/// own heat before the touch, and nothing while the touch fades out (a sweep's gains 5, 16, 6:
+/// DAMON regions that straddle the granule's edges carry the sweep's accesses next door into
+/// it); a steady rate counts for its heat from the third tick it is seen (16, 24, 28: 24), a
+/// weak one as well (5% of 20 samples: 3, 4, 5: 4), a granule seen every other tick for its
+/// quiet tick's heat.
 pub fn sustained(heat: u8, prev: Option<(u8, u8)>) -> u8 {
     let Some((p, p2)) = prev else { return 0 };
     let gain = heat.saturating_sub(p / 2);
-    if gain == 0 {
+    let prev_gain = p.saturating_sub(p2 / 2);
+    if gain == 0 || gain.saturating_add(FADE_LEVELS) <= prev_gain {
         return 0;
     }
     heat.min(p)
@@ -207,7 +217,11 @@ mod tests {
             (16, Some((0, 0)), 0),    // a one-off touch of a cold granule
             (18, Some((12, 0)), 0),   // a sweep seen in two ticks running
             (9, Some((18, 12)), 0),   // ... the tick after it: not seen
-            (12, Some((18, 12)), 6),  // ... or seen at gain 3 only
+            (12, Some((18, 12)), 0),  // ... or seen at gain 3 only: fading (12 before)
+            (15, Some((18, 5)), 0),   // a sweep's 5, 16, 6 (testbed): fading
+            (20, Some((21, 10)), 0),  // 9.5, 16, 10: 6 levels down, fading
+            (21, Some((21, 10)), 20), // 9.5, 16, 11: 5 levels down, still kept up
+            (20, Some((17, 6)), 12),  // 6, 14, 12: kept up (a sweep too slow to tell)
             (18, Some((4, 4)), 4),    // a touch on top of a lukewarm granule: its own 4
             (15, Some((7, 15)), 7),   // seen every other tick: its quiet tick's heat
             (5, Some((4, 3)), 4),     // weak but steady
