@@ -195,7 +195,9 @@ pub fn draw_all(rows: &[Value], dir: &Path, format: Format) -> Result<Vec<PathBu
         let Some(fig) = figure(rows, &shape, &pages) else {
             continue;
         };
-        let path = dir.join(format!("e2e-{shape}-{pages}.{ext}"));
+        // The names come from the file: only letters, digits and '-' reach the path.
+        let slug = vmtier_sim::report::slug;
+        let path = dir.join(format!("e2e-{}-{}.{ext}", slug(&shape), slug(&pages)));
         vmtier_plot::write(&fig, &path).map_err(|e| vmtier_core::error_chain(&e))?;
         out.push(path);
     }
@@ -311,6 +313,11 @@ mod tests {
                 dir.join("e2e-static-thp.svg"),
                 dir.join("e2e-static-4k.svg")
             ]
+        );
+        let odd = [row("../x", "thp", "vmtierd", &[0.0, 1.0])];
+        assert_eq!(
+            draw_all(&odd, &dir, Format::Svg).expect("drawn"),
+            [dir.join("e2e-___x-thp.svg")]
         );
         let svg = std::fs::read_to_string(&wrote[0]).expect("read");
         assert!(svg.starts_with("<svg") && svg.contains("polyline"));
