@@ -1,5 +1,6 @@
 //! The policy report: every trace × every policy (plus the oracle), a table on stdout,
-//! `policies.json`, and SVG plots (hit ratio over time per policy; placement heatmaps).
+//! `policies.json`, and plots as SVG or PNG (hit ratio over time per policy; placement
+//! heatmaps: [`plots`]).
 
 use std::fmt::Write as _;
 use std::io::Write as _;
@@ -408,7 +409,8 @@ const OTHER_COLORS: [Rgb; 4] = [
     Rgb(0xc5, 0xb0, 0xd5),
 ];
 
-fn row_color(policy: &str, i: usize) -> Rgb {
+/// Row `policy`'s line colour: [`ROW_COLORS`], or by position `i` for a row it does not name.
+pub fn row_color(policy: &str, i: usize) -> Rgb {
     ROW_COLORS
         .iter()
         .find(|(n, _)| *n == policy)
@@ -451,7 +453,7 @@ pub fn plots(
     let pct = trim_permille(permille);
     let name = format!("{trace}, DRAM {pct} % of the footprint");
     let file = |kind: &str| format!("policies-{kind}-{}-{pct}pct.{ext}", slug(trace));
-    let hit = hit_figure_of(&name, runs, &spec.hit_policies);
+    let hit = hit_figure(&name, runs, &spec.hit_policies);
     let pick: Vec<&RunResult> = runs
         .iter()
         .filter(|r| HEATMAP_POLICIES.contains(&r.policy.as_str()))
@@ -473,14 +475,9 @@ fn trim_permille(permille: u32) -> String {
     }
 }
 
-/// The hit-ratio chart: per tick, one line per run; dashed verticals at hot-set shifts.
-pub fn hit_figure(trace: &str, runs: &[RunResult]) -> Figure {
-    hit_figure_of(trace, runs, &[])
-}
-
-/// [`hit_figure`] of the runs named in `only` (every run when empty). A policy keeps its colour
-/// whichever others are shown.
-pub fn hit_figure_of(trace: &str, runs: &[RunResult], only: &[String]) -> Figure {
+/// The hit-ratio chart: per tick, one line per run named in `only` (every run when empty);
+/// dashed verticals at hot-set shifts. A policy keeps its colour whichever others are shown.
+pub fn hit_figure(trace: &str, runs: &[RunResult], only: &[String]) -> Figure {
     let ticks = runs.first().map_or(1, |r| r.series.len().max(2));
     #[allow(clippy::cast_precision_loss)]
     let mut p = Panel::new(
@@ -527,11 +524,6 @@ pub fn hit_figure_of(trace: &str, runs: &[RunResult], only: &[String]) -> Figure
         panels: vec![p],
         arrange: Arrange::Columns,
     }
-}
-
-/// SVG of [`hit_figure`].
-pub fn hit_svg(trace: &str, runs: &[RunResult]) -> Result<String, Error> {
-    svg(&hit_figure(trace, runs))
 }
 
 /// Placement heatmaps (x tick, y address bucket) for the given runs side by side. Red
@@ -593,17 +585,6 @@ pub fn heatmap_figure(trace: &str, runs: &[&RunResult]) -> Figure {
         panels,
         arrange: Arrange::Columns,
     }
-}
-
-/// SVG of [`heatmap_figure`].
-pub fn heatmap_svg(trace: &str, runs: &[&RunResult]) -> Result<String, Error> {
-    svg(&heatmap_figure(trace, runs))
-}
-
-fn svg(fig: &Figure) -> Result<String, Error> {
-    let bytes = vmtier_plot::render(fig, Format::Svg).map_err(Error::Plot)?;
-    String::from_utf8(bytes)
-        .map_err(|_| Error::Plot(vmtier_plot::Error::Draw("SVG is not UTF-8".into())))
 }
 
 /// Writes `bytes` to `path` atomically.
@@ -691,14 +672,14 @@ mod tests {
         }
         // Only the named rows are drawn, each in its own colour whatever else is shown.
         let only = ["vmtierd".to_owned(), "numab".to_owned()];
-        let fig = hit_figure_of("mh", &runs, &only);
+        let fig = hit_figure("mh", &runs, &only);
         let drawn: Vec<&str> = fig.panels[0]
             .series
             .iter()
             .map(|s| s.name.split(' ').next().unwrap_or(""))
             .collect();
         assert_eq!(drawn, ["vmtierd", "numab"]);
-        let all = hit_figure("mh", &runs);
+        let all = hit_figure("mh", &runs, &[]);
         assert_eq!(all.panels[0].series.len(), runs.len());
         let color = |f: &Figure, p: &str| {
             f.panels[0]
@@ -755,7 +736,10 @@ mod tests {
         assert!(rep.results.iter().all(|r| r.reaction_ticks.is_some()));
         let tab = table(&rep);
         assert!(tab.contains("vmtierd") && tab.contains("of the greedy oracle"));
-        let svg = hit_svg("mh", &runs)?;
+        let svg_of = |fig: &Figure| {
+            String::from_utf8(vmtier_plot::render(fig, Format::Svg).expect("drawn")).expect("UTF-8")
+        };
+        let svg = svg_of(&hit_figure("mh", &runs, &[]));
         assert!(svg.starts_with("<svg") && svg.contains("polyline") && svg.ends_with("</svg>\n"));
         // One line per run, named in the legend.
         assert!(svg.matches("<polyline").count() >= runs.len());
@@ -769,7 +753,7 @@ mod tests {
             fig.panels.iter().map(|p| p.cells.len()).sum::<usize>(),
             cells
         );
-        let hm = heatmap_svg("mh", &[&runs[0], &runs[1]])?;
+        let hm = svg_of(&fig);
         assert!(hm.matches("<rect").count() >= cells);
         let cases = [(0u64, "0 B"), (1536, "1.5 KiB"), (3 << 30, "3.0 GiB")];
         for (b, want) in cases {

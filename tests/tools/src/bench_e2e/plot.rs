@@ -25,14 +25,13 @@ pub struct PlotArgs {
     pub format: String,
 }
 
-/// Each manager's line colour (the simulator's report uses the same for its models of them).
+/// Each manager's line colour: its model's in the simulator's report.
 fn color(manager: &str) -> Rgb {
-    match manager {
-        "vmtierd" => Rgb(0x1f, 0x77, 0xb4),
-        "numa-balancing" => Rgb(0xff, 0x7f, 0x0e),
-        "damos" => Rgb(0x8c, 0x56, 0x4b),
-        _ => Rgb(0x7f, 0x7f, 0x7f),
-    }
+    let row = match manager {
+        "numa-balancing" => "numab",
+        m => m,
+    };
+    vmtier_sim::report::row_color(row, 0)
 }
 
 fn text<'a>(r: &'a Value, k: &str) -> &'a str {
@@ -285,6 +284,12 @@ mod tests {
             [(1.0, 0.0), (2.0, 50.0), (3.0, 100.0), (4.0, 100.0)]
         );
         assert!(f.panels[0].series[2].points.is_empty());
+        // Each manager in its model's colour from the simulator's charts.
+        assert_eq!(
+            f.panels[0].series[1].color,
+            vmtier_sim::report::row_color("numab", 0)
+        );
+        assert_ne!(f.panels[0].series[0].color, f.panels[0].series[1].color);
         assert!(f.panels[0].series[0].name.contains("90 %: 3 s; 9728 pages"));
         assert!(f.panels[0].series[1].name.contains("90 %: never"));
         assert_eq!(f.panels[0].x.max, 36.0);
