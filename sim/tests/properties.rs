@@ -85,6 +85,7 @@ fn plans_respect_budget_moves_and_tiers() {
                     hints: &[],
                     max_gain: 16,
                     split: &[],
+                    huge: None,
                 };
                 let plan = p.plan(&input);
                 let ctx = format!("{} seed {seed} tick {tick}", e.name);

@@ -317,6 +317,14 @@ pub struct PolicyInput<'a> {
     /// only its hot pages and demoting it only its fast ones, so a move of it costs what
     /// moving those base pages costs, not the granule's size. Empty without hybrid tracking.
     pub split: &'a [u32],
+    /// Which granules huge pages map, as far as the engine knows (`PAGEMAP_SCAN`'s
+    /// `PAGE_IS_HUGE`: a transparent huge page or hugetlb page under one page-table entry):
+    /// `Some`, the granules any huge page maps, sorted, every other granule mapped by base
+    /// pages only; `None`, not known, and any granule may be. It tells what a granule's heat
+    /// measures: where a 4 KiB page's accessed bit is checked, the fraction of checks that
+    /// find it set is the fraction of the granule's pages in use; one bit for a whole 2 MiB
+    /// page is set by a single touch.
+    pub huge: Option<&'a [u32]>,
 }
 
 impl<'a> PolicyInput<'a> {
@@ -341,12 +349,19 @@ impl<'a> PolicyInput<'a> {
             hints: &[],
             max_gain: HeatRecord::HEAT_GAIN,
             split: &[],
+            huge: None,
         }
     }
 
     /// Whether granule `i` is tracked with 4 KiB detail ([`Self::split`]).
     pub fn is_split(&self, i: usize) -> bool {
         u32::try_from(i).is_ok_and(|i| self.split.binary_search(&i).is_ok())
+    }
+
+    /// Whether granule `i` is known to be mapped by base pages only ([`Self::huge`]).
+    pub fn is_base_paged(&self, i: usize) -> bool {
+        self.huge
+            .is_some_and(|h| u32::try_from(i).is_ok_and(|i| h.binary_search(&i).is_err()))
     }
 
     /// `heat`, a heat difference meant for a source of full range (gain 16 per tick), in

@@ -323,10 +323,13 @@ struct Vm {
     /// Pinned ranges as set, and the granules they cover (rounded outward), sorted.
     pins: Vec<Pin>,
     pins_at: PinnedGranules,
-    /// Hybrid tracking: the ranges PMD-mapped huge pages map (scratch of [`refresh_huge`]),
-    /// and whether the locator said it cannot tell (logged once).
+    /// The ranges PMD-mapped huge pages map (scratch of [`refresh_huge`]), and whether the
+    /// locator said it cannot tell (logged once).
     huge_runs: Vec<(HostVirtAddr, u64)>,
     huge_unknown: bool,
+    /// The granules huge pages map, sorted, as last read ([`PolicyInput::huge`]); `None`
+    /// until read, after a layout change, or where it cannot be told.
+    huge_granules: Option<Vec<u32>>,
 }
 
 /// The granules a VM's pins cover in its current store, sorted.
@@ -569,6 +572,7 @@ impl Engine {
             reports: Vec::new(),
             huge_runs: Vec::new(),
             huge_unknown: false,
+            huge_granules: None,
             retries: BTreeMap::new(),
             slow_tick_logged: None,
             rate_limit: None,
@@ -1319,12 +1323,39 @@ fn relocate(
 /// Addresses per locate call.
 const REFRESH_CHUNK: usize = 1 << 16;
 
-/// Hybrid tracking: tells the store which regions PMD-mapped huge pages map, before the
-/// tick's reports can split them. `move_pages(2)` moves a huge page whole whatever base page
-/// it is given, so moving a few pages of such a region would move all 512 and overrun the
-/// budget; such regions stay whole, and a region split before (khugepaged collapsed it
-/// since) is merged, its tier confirmed where its first page is. A locator that cannot tell
-/// (no `PAGEMAP_SCAN` before Linux 6.7) leaves every region splittable (logged once).
+/// Whether this tick reads which guest RAM huge pages map ([`refresh_huge`]): every tick with
+/// hybrid tracking; otherwise, for granules whose promotion waits for sustained heat (above
+/// 512 KiB), at the first tick after attach or a layout change and then with each placement
+/// refresh (`refresh_ticks`: khugepaged's collapses and the kernel's splits are slow), unless
+/// the locator cannot tell.
+fn huge_map_due(cfg: &EngineConfig, vm: &Vm) -> bool {
+    if vm.store.is_hybrid() {
+        return true;
+    }
+    if vm.huge_unknown || cfg.granule.bytes() <= HUGE_MAP_GRANULE_MIN {
+        return false;
+    }
+    vm.huge_granules.is_none() || (cfg.refresh_ticks > 0 && vm.tick % cfg.refresh_ticks == 0)
+}
+
+/// Granules up to this size are promoted on one tick's heat whatever maps them
+/// (`vmtier_policies::payback`), so the huge page map is read for larger ones only.
+const HUGE_MAP_GRANULE_MIN: u64 = 512 << 10;
+
+/// Reads which guest RAM PMD-mapped huge pages map, for two uses.
+///
+/// - The policy ([`PolicyInput::huge`]): where base pages alone map a granule, its heat
+///   tells how many of its pages are in use, and its promotion needs two ticks of sustained
+///   heat, not three.
+/// - Hybrid tracking: the store learns which regions huge pages map before the tick's
+///   reports can split them. `move_pages(2)` moves a huge page whole whatever base page it is
+///   given, so moving a few pages of such a region would move all 512 and overrun the
+///   budget; such regions stay whole, and a region split before (khugepaged collapsed it
+///   since) is merged, its tier confirmed where its first page is.
+///
+/// A locator that cannot tell (no `PAGEMAP_SCAN` before Linux 6.7) leaves every region
+/// splittable and every granule's promotion at three ticks (logged once); an error leaves
+/// the map unknown, to be read again the next tick.
 fn refresh_huge(
     cfg: &EngineConfig,
     locator: &mut dyn PageLocator,
@@ -1332,6 +1363,8 @@ fn refresh_huge(
 ) -> Result<(), Lost> {
     let name = vm.name.to_string();
     vm.huge_runs.clear();
+    // Unknown unless read in full below; an empty list would say "base pages only".
+    let mut granules = vm.huge_granules.take().unwrap_or_default();
     for r in &vm.layout.ranges {
         match locator.huge_runs(vm.layout.pid, r.hva, r.len, &mut vm.huge_runs) {
             Ok(true) => {}
@@ -1340,8 +1373,9 @@ fn refresh_huge(
                     vm.huge_unknown = true;
                     warn!(
                         "{name}: cannot tell which guest RAM huge pages map (PAGEMAP_SCAN needs \
-                         Linux 6.7): hybrid tracking may split a THP-backed region, whose \
-                         page moves then take the whole huge page"
+                         Linux 6.7): 2 MiB granules are promoted from their third tick of heat, \
+                         and hybrid tracking may split a THP-backed region, whose page moves \
+                         then take the whole huge page"
                     );
                 }
                 return Ok(());
@@ -1355,6 +1389,8 @@ fn refresh_huge(
         }
     }
     vm.problems.clear(&name, Component::HugeMap);
+    vm.store.huge_granules(&vm.huge_runs, &mut granules);
+    vm.huge_granules = Some(granules);
     let merged = vm.store.set_huge(&vm.huge_runs);
     if merged.is_empty() {
         return Ok(());
@@ -1407,7 +1443,7 @@ fn tick_vm(
     // Every use of the pid below is preceded by this check (the backend holds a pidfd):
     // a pid that now names another process is never observed or migrated.
     alive(vm)?;
-    if vm.store.is_hybrid() {
+    if huge_map_due(cfg, vm) {
         refresh_huge(cfg, locator, vm)?;
     }
     match vm.parts.source.collect(&mut vm.reports) {
@@ -1488,6 +1524,7 @@ fn tick_vm(
     }
     input.max_gain = max_gain;
     input.split = &split;
+    input.huge = vm.huge_granules.as_deref();
     let fast_used = input.fast_used();
     let mut plan = vm.parts.policy.plan(&input);
     if !vm.pins_at.is_empty() {
@@ -2093,6 +2130,8 @@ fn recheck_layout(
             vm.layout = l;
             vm.ring = TickRing::new(vm.ring.size(), &vm.layout, &vm.store);
             vm.retries.clear();
+            // Granule indices of the old layout: read again at the next tick.
+            vm.huge_granules = None;
             if !vm.pins.is_empty() {
                 let budget = vm.budget_bytes / cfg.granule.bytes();
                 match pin_granules(&vm.layout, &vm.store, &vm.pins, budget) {
@@ -2960,36 +2999,98 @@ mod tests {
 
     #[test]
     fn weak_signals_still_promote_the_hot_set() {
-        // (name, signal, ticks allowed to reach 90%). The payback rule promotes a 2 MiB
-        // granule on heat it sustained over three ticks running, so a weak signal waits for
-        // three ticks that each saw it: 1/20 is seen in 64% of ticks (binomial), three
-        // running take 7.8 ticks on average. Over seeds 1-30 of this test's source the 5%
-        // case reached 90% in 6 to 13 ticks 27 times and in 14, 16 and 23 ticks once each
-        // (10 ticks at seed 7 before the rule); 2/20 in 4 to 7, the other two in 4 to 6.
-        // (Before a fading gain sustained nothing, 2026-11-29: 6 to 12 and 14, 16, 21; 3 to
-        // 7; 3 to 6. Few hits make a tick's gain jump, 12 at 4 hits of 20, 3 at 1.)
-        let cases: Vec<(&str, Signal, u64)> = vec![
-            ("2/20 every tick", weak(0.1, 20, 1), 8),
-            ("5% of samples (1/20) every tick", weak(0.05, 20, 1), 14),
-            ("5/20 every other tick", weak(0.25, 20, 2), 8),
-            ("4 KiB guest, p=0.11 per 5 ms sample", weak(0.11, 20, 1), 6),
+        // (name, signal as (p, samples, every), ticks allowed to reach 90%), each run where
+        // the engine knows that base pages map the guest and where it cannot tell (Linux
+        // before 6.7). The payback rule promotes a 2 MiB granule on heat it sustained over
+        // two ticks running where base pages map it, over three where huge pages may; a weak
+        // signal waits for ticks that each saw it: 1/20 is seen in 64% of ticks (binomial),
+        // three running take 7.8 ticks on average. Over seeds 1-30 of this test's source
+        // (2026-11-29), where the map is not known: the 5% case reached 90% in 6 to 14 ticks
+        // 28 times and in 16 and 23 ticks once each; 2/20 in 4 to 7, p=0.11 in 4 to 5, 5/20
+        // every other tick in 4 to 6. On base pages: 5 to 13 ticks and 16, 23 (mean 9.8
+        // against 10.7), 3 to 6, 3 to 5, and 4 to 6. (Before a fading gain sustained nothing,
+        // without the map: 6 to 12 and 14, 16, 21; 3 to 7; 3 to 5. Few hits make a tick's
+        // gain jump, 12 at 4 hits of 20, 3 at 1.)
+        let cases: [(&str, (f64, u32, u64), u64); 4] = [
+            ("2/20 every tick", (0.1, 20, 1), 8),
+            ("5% of samples (1/20) every tick", (0.05, 20, 1), 14),
+            ("5/20 every other tick", (0.25, 20, 2), 8),
+            ("4 KiB guest, p=0.11 per 5 ms sample", (0.11, 20, 1), 6),
         ];
-        for (name, sig, limit) in cases {
+        for (name, (p, samples, every), limit) in cases {
+            for known in [true, false] {
+                let (w, mut e) = signal_vm(256 * MIB, 64 * MIB, weak(p, samples, every));
+                w.lock().unwrap().huge_unknown = !known;
+                let mut reached = None;
+                for t in 1..=limit {
+                    e.tick();
+                    assert!(dram_bytes(&w) <= 64 * MIB);
+                    if hot_in_dram(&w, 64 * MIB, 32 * MIB) * 10 >= 32 * MIB * 9 {
+                        reached = Some(t);
+                        break;
+                    }
+                }
+                assert!(
+                    reached.is_some(),
+                    "{name}, map known {known}: {} MiB of the 32 MiB hot set in DRAM after \
+                     {limit} ticks",
+                    hot_in_dram(&w, 64 * MIB, 32 * MIB) >> 20
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn the_huge_page_map_sets_how_many_ticks_a_granule_waits() {
+        // A hot set of 16 MiB seen in 12 of 20 samples a tick (gain 15), first at [0, 16M),
+        // from tick 12 at [128M, 144M). Where base pages map it, its first promotion comes at
+        // its second tick; where huge pages do, or the engine cannot tell, at its third, or
+        // its second if seen in every sample (gain 16). (name, hits, huge pages map guest RAM
+        // from the start, from tick 8, locator cannot tell) -> (tick of the first move, tick
+        // the moved hot set first has a page in DRAM)
+        let cases = [
+            ("base pages", 12, false, false, false, (2, 13)),
+            ("huge pages", 12, true, false, false, (3, 14)),
+            ("huge pages, every sample", 20, true, false, false, (2, 13)),
+            ("cannot tell", 12, false, false, true, (3, 14)),
+            // Collapsed at tick 8, read at the refresh of tick 10 (refresh_ticks 5).
+            (
+                "khugepaged collapses it later",
+                12,
+                false,
+                true,
+                false,
+                (2, 14),
+            ),
+        ];
+        for (name, hits, huge, later, unknown, (first, moved)) in cases {
+            let sig: Signal = Box::new(move |tick, _| {
+                let at = if tick < 12 { 0 } else { 128 * MIB };
+                vec![(0, 256 * MIB, 0, 20), (at, 16 * MIB, hits, 20)]
+            });
             let (w, mut e) = signal_vm(256 * MIB, 64 * MIB, sig);
-            let mut reached = None;
-            for t in 1..=limit {
+            let all = |w: &World| {
+                w.lock().unwrap().huge = (0..128u64).map(|k| BASE + k * 2 * MIB).collect();
+            };
+            if huge {
+                all(&w);
+            }
+            w.lock().unwrap().huge_unknown = unknown;
+            let (mut got_first, mut got_moved) = (None, None);
+            for t in 1..=16u64 {
+                if later && t == 8 {
+                    all(&w);
+                }
                 e.tick();
-                assert!(dram_bytes(&w) <= 64 * MIB);
-                if hot_in_dram(&w, 64 * MIB, 32 * MIB) * 10 >= 32 * MIB * 9 {
-                    reached = Some(t);
-                    break;
+                if got_first.is_none() && w.lock().unwrap().calls > 0 {
+                    got_first = Some(t);
+                }
+                if got_moved.is_none() && hot_in_dram(&w, 128 * MIB, 16 * MIB) > 0 {
+                    got_moved = Some(t);
                 }
             }
-            assert!(
-                reached.is_some(),
-                "{name}: {} MiB of the 32 MiB hot set in DRAM after {limit} ticks",
-                hot_in_dram(&w, 64 * MIB, 32 * MIB) >> 20
-            );
+            assert_eq!((got_first, got_moved), (Some(first), Some(moved)), "{name}");
+            assert_eq!(hot_in_dram(&w, 128 * MIB, 16 * MIB), 16 * MIB, "{name}");
         }
     }
 
@@ -3094,19 +3195,18 @@ mod tests {
         );
     }
 
-    /// The two ticks the default policy's payback rule observes a 2 MiB granule before its
-    /// first promotion (policies::payback): nothing moves in them. Tests of other mechanisms
-    /// (rate limits, deadlines, errors) start from the third.
+    /// The tick the default policy's payback rule observes a 2 MiB granule that base pages
+    /// map (the test world's, unless it says huge pages do) before its first promotion
+    /// (policies::payback): nothing moves in it. Tests of other mechanisms (rate limits,
+    /// deadlines, errors) start from the second.
     fn warm_up(e: &mut Engine, w: &World) {
-        for t in 1..=2 {
-            let calls = w.lock().unwrap().calls;
-            e.tick();
-            assert_eq!(
-                w.lock().unwrap().calls,
-                calls,
-                "warm-up tick {t} moved nothing"
-            );
-        }
+        let calls = w.lock().unwrap().calls;
+        e.tick();
+        assert_eq!(
+            w.lock().unwrap().calls,
+            calls,
+            "the warm-up tick moved nothing"
+        );
     }
 
     /// An engine on a 64 MiB VM with an 8 MiB hot set at 0 (strong signal), budget 16 MiB.

@@ -160,6 +160,35 @@ impl Span {
     }
 }
 
+/// Calls `f` with the index of every granule of `spans` (granules of `1 << shift` bytes) that
+/// `runs` (`(start, len)` in host virtual addresses) cover in part; a granule once per run
+/// that covers it.
+fn granules_of_runs(
+    spans: &[Span],
+    shift: u32,
+    runs: &[(HostVirtAddr, u64)],
+    mut f: impl FnMut(usize),
+) {
+    for &(start, len) in runs {
+        let Some(end) = start.raw().checked_add(len) else {
+            continue;
+        };
+        for s in spans {
+            // Layout construction checked hva + len fits.
+            let lo = start.raw().max(s.hva);
+            let hi = end.min(s.hva + s.len);
+            if lo >= hi {
+                continue;
+            }
+            let g0 = (lo - s.base()) >> shift;
+            let g1 = (hi - 1 - s.base()) >> shift;
+            for k in g0..=g1 {
+                f(usize::try_from(u64::from(s.first) + k).unwrap_or(usize::MAX));
+            }
+        }
+    }
+}
+
 /// Where one granule lives.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct GranuleSpan {
@@ -477,27 +506,11 @@ impl HotnessStore {
             return Vec::new();
         };
         d.huge.fill(0);
-        for &(start, len) in runs {
-            let Some(end) = start.raw().checked_add(len) else {
-                continue;
-            };
-            for s in &self.spans {
-                // Layout construction checked hva + len fits.
-                let lo = start.raw().max(s.hva);
-                let hi = end.min(s.hva + s.len);
-                if lo >= hi {
-                    continue;
-                }
-                let g0 = (lo - s.base()) >> self.shift;
-                let g1 = (hi - 1 - s.base()) >> self.shift;
-                for k in g0..=g1 {
-                    let r = usize::try_from(u64::from(s.first) + k).unwrap_or(usize::MAX);
-                    if let Some(w) = d.huge.get_mut(r / 64) {
-                        *w |= 1 << (r % 64);
-                    }
-                }
+        granules_of_runs(&self.spans, self.shift, runs, |r| {
+            if let Some(w) = d.huge.get_mut(r / 64) {
+                *w |= 1 << (r % 64);
             }
-        }
+        });
         let mut merged = Vec::new();
         for slot in 0..d.owner.len() {
             let region = d.owner[slot];
@@ -515,6 +528,20 @@ impl HotnessStore {
             merged.push(Granule(region));
         }
         merged
+    }
+
+    /// The granules any of `runs` (`(start, len)` in host virtual addresses: what PMD-mapped
+    /// huge pages map) covers in part, sorted and without repeats, into `out` (cleared first):
+    /// what [`PolicyInput::huge`] takes.
+    ///
+    /// [`PolicyInput::huge`]: vmtier_core::policy::PolicyInput::huge
+    pub fn huge_granules(&self, runs: &[(HostVirtAddr, u64)], out: &mut Vec<u32>) {
+        out.clear();
+        granules_of_runs(&self.spans, self.shift, runs, |g| {
+            out.extend(u32::try_from(g).ok());
+        });
+        out.sort_unstable();
+        out.dedup();
     }
 
     /// The regions split to 4 KiB detail now, sorted, into `out` (cleared first; empty
@@ -1811,6 +1838,30 @@ mod tests {
         // Without hybrid tracking there is nothing to do.
         let mut plain = store(&[(0, A, 4 * m2)], m2);
         assert!(plain.set_huge(&runs).is_empty());
+    }
+
+    #[test]
+    fn huge_granules_are_the_granules_huge_runs_touch() {
+        let m2 = 2u64 << 20;
+        // Two ranges of 4 granules each (the second at host address A + 8 MiB).
+        let s = store(&[(0, A, 4 * m2), (1 << 32, A + 4 * m2, 4 * m2)], m2);
+        let mut out = vec![99];
+        // (runs as (offset from A, len)) -> granules
+        for (runs, want) in [
+            (vec![], vec![]),
+            (vec![(0, m2)], vec![0]),
+            (vec![(m2, m2 + 4096)], vec![1, 2]), // 4 KiB into granule 2
+            (vec![(3 * m2, 2 * m2)], vec![3, 4]), // across the ranges
+            (vec![(7 * m2, m2), (0, m2), (7 * m2, m2)], vec![0, 7]), // sorted, once
+            (vec![(8 * m2, m2)], vec![]),        // outside guest RAM
+        ] {
+            let runs: Vec<(HostVirtAddr, u64)> = runs
+                .into_iter()
+                .map(|(o, l)| (HostVirtAddr::new(A + o), l))
+                .collect();
+            s.huge_granules(&runs, &mut out);
+            assert_eq!(out, want, "{runs:?}");
+        }
     }
 
     #[test]
