@@ -10,7 +10,7 @@
 //! A move must pay back ([`crate::payback`]): where one tick of heat cannot pay back a move
 //! (granules above 512 KiB by the `move_pages` cost), slow granules are ranked by the heat
 //! they sustained over three ticks, so a touch in one or two ticks (a sweep, a scan) never
-//! moves them; and
+//! moves them (two ticks suffice where base pages alone map a granule, or at full gain); and
 //! residents in the budget-sized hot bin (Memtis) are never swap victims.
 //!
 //! Its input is the engine's one-byte [`HeatRecord`] per granule; of its own it keeps the
@@ -65,7 +65,8 @@ pub struct Config {
     /// Where one tick of observation cannot pay back a move (granules above 512 KiB: a
     /// 2 MiB move costs 154 times a 4 KiB one), rank slow granules by their *sustained*
     /// heat over three ticks — 0 if not seen this tick — so a touch in one tick or two
-    /// running (a sweep, a scan) never moves a granule ([`crate::payback`]); not for a region
+    /// running (a sweep, a scan) never moves a granule ([`crate::payback`]; two ticks where
+    /// base pages alone map the granule, [`PolicyInput::huge`], or at full gain); not for a region
     /// split to 4 KiB detail ([`PolicyInput::split`]), which moves only its hot pages. Costs
     /// 2 bytes per granule of history there. Default `true` since 2026-11-27: with the store's
     /// byte-weighted heat fold it took the e2e static/thp shape from 114-131 thousand pages
@@ -255,7 +256,8 @@ impl PlacementPolicy for DefaultPolicy {
                 && payback::one_tick_pays(input, self.cfg.promote_min_heat),
         };
         // Where one tick cannot pay back a move, slow granules rank by the heat they
-        // sustained over two ticks (crate::payback); the previous tick's heat is kept.
+        // sustained over three ticks, or two (crate::payback); the two previous ticks' heats
+        // are kept.
         let on = self.cfg.sustained_heat;
         let needs = on && !payback::one_tick_pays(input, self.cfg.promote_min_heat);
         if needs {
