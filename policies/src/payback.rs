@@ -165,11 +165,9 @@ pub const FADE_LEVELS: u8 = 6;
 /// did.
 pub fn sustained(heat: u8, prev: Option<(u8, Option<u8>)>) -> u8 {
     let Some((p, p2)) = prev else { return 0 };
-    let gain = heat.saturating_sub(p / 2);
-    let prev_gain = p.saturating_sub(p2.unwrap_or(0) / 2);
-    if gain == 0 || gain.saturating_add(FADE_LEVELS) <= prev_gain {
+    let Some((gain, prev_gain)) = kept_up(heat, p, p2) else {
         return 0;
-    }
+    };
     if gain >= HeatRecord::HEAT_GAIN && prev_gain >= HeatRecord::HEAT_GAIN {
         return heat.min(p);
     }
@@ -193,12 +191,19 @@ pub fn sustained(heat: u8, prev: Option<(u8, Option<u8>)>) -> u8 {
 /// second tick, a tick sooner than [`sustained`] allows where one bit covers 2 MiB.
 pub fn sustained_base(heat: u8, prev: Option<(u8, Option<u8>)>) -> u8 {
     let Some((p, p2)) = prev else { return 0 };
+    let Some((gain, _)) = kept_up(heat, p, p2) else {
+        return 0;
+    };
+    heat.min(p).min(gain.saturating_mul(2))
+}
+
+/// The gains of this tick and the tick before (`heat` now, `p` a tick ago and `p2` two ticks
+/// ago if known; unknown counts as 0), if this tick's keeps use up: `None` if it added
+/// nothing or fell [`FADE_LEVELS`] or more below the tick before's.
+fn kept_up(heat: u8, p: u8, p2: Option<u8>) -> Option<(u8, u8)> {
     let gain = heat.saturating_sub(p / 2);
     let prev_gain = p.saturating_sub(p2.unwrap_or(0) / 2);
-    if gain == 0 || gain.saturating_add(FADE_LEVELS) <= prev_gain {
-        return 0;
-    }
-    heat.min(p).min(gain.saturating_mul(2))
+    (gain > 0 && gain.saturating_add(FADE_LEVELS) > prev_gain).then_some((gain, prev_gain))
 }
 
 /// The lowest heat bucket `T` such that every granule (either tier) at or above it fits in
