@@ -161,8 +161,8 @@ pub const FADE_LEVELS: u8 = 6;
 /// hits) counts for the least of its two heats from the second. Whatever one accessed bit
 /// covers, only use that kept up for the two ticks gives that: the testbed guest's
 /// background sweep, which fills a THP for about 0.7 s, never reached it in two ticks
-/// running (its gains around a full tick were 2 to 14), while every granule of its hot set
-/// did.
+/// running (full gain in one tick at most, 2 to 14 in the ticks either side), while every
+/// granule of its hot set did.
 pub fn sustained(heat: u8, prev: Option<(u8, Option<u8>)>) -> u8 {
     let Some((p, p2)) = prev else { return 0 };
     let Some((gain, prev_gain)) = kept_up(heat, p, p2) else {
