@@ -744,14 +744,20 @@ pub fn run_logged(
     let mut windows: Vec<Reported> = Vec::new();
     let mut regions: Vec<Region> = Vec::new();
     let mut split: Vec<u32> = Vec::new();
-    // What maps the granules, for a source whose checks read one page's accessed bit (DAMON):
-    // with `thp` huge pages map them all, else base pages; other sources say not.
+    // What maps the granules, as vmtierd hands it to the policy with its two sources (DAMON,
+    // soft-dirty; both report per page, one bit per huge page with `thp`): with `thp` huge
+    // pages map them all, else base pages. The other models report a granule accessed if any
+    // page of it was: nothing to tell there.
     let huge_all: Vec<u32> = if cfg.thp {
         (0..u32::try_from(n).unwrap_or(u32::MAX)).collect()
     } else {
         Vec::new()
     };
-    let huge = (source == TrackingSource::DamonRegions).then_some(huge_all.as_slice());
+    let huge = matches!(
+        source,
+        TrackingSource::DamonRegions | TrackingSource::SoftDirty
+    )
+    .then_some(huge_all.as_slice());
     let mut reports: Vec<RegionAccess> = Vec::new();
 
     let mut observed: Vec<u16> = Vec::new();
