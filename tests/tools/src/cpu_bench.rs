@@ -603,6 +603,10 @@ fn micro_only(c: &mut Checks, a: &CpuBenchArgs) -> Option<()> {
         "microbenchmarks",
         format!("{m} (load average {load})"),
     );
+    for l in cpu_factor::huge_map_lines(&m, check::clock(), Config::default().daemon.refresh_ticks)
+    {
+        println!("{l}");
+    }
     let doc = json!({ "clock": check::clock(), "load_average": load, "micro": m });
     match &a.out {
         Some(p) => write_json(c, p, &doc),
@@ -718,6 +722,14 @@ fn bench(c: &mut Checks, a: &CpuBenchArgs) -> Option<()> {
             );
         }
     }
+    // The huge-page map as the target host reads it: the native figures where there are.
+    let refresh_ticks = Config::default().daemon.refresh_ticks;
+    match native.as_ref().and_then(|n| n.get("micro")) {
+        Some(n) => cpu_factor::huge_map_lines(n, "host", refresh_ticks),
+        None => cpu_factor::huge_map_lines(&here, clock, refresh_ticks),
+    }
+    .iter()
+    .for_each(|l| println!("{l}"));
     // The steady tick is store, policy and syscalls: the range over those factors; moving
     // adds copying: the range over every factor.
     let range = |with_copy: bool| match (&factors, clock) {

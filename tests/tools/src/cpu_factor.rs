@@ -14,10 +14,15 @@
 //!
 //! Each figure is the fastest of [`REPS`] repetitions: the one least disturbed by other load
 //! on the machine, natively and in the testbed alike.
+//!
+//! Beside the factors, [`huge_map`] times the huge-page map vmtierd reads at each placement
+//! refresh (every tick with hybrid tracking): a figure of its own, per GiB of guest RAM, not
+//! a factor.
 
 use std::time::Instant;
 
 use serde_json::{json, Value};
+use vmtier_core::migrate::PageLocator;
 
 /// Repetitions of each figure; the fastest is kept.
 pub const REPS: usize = 5;
@@ -46,6 +51,8 @@ pub enum Error {
     Sysfs(std::io::Error),
     #[error("Missing figure {0}")]
     Missing(String),
+    #[error("Huge-page map read failed: {0}")]
+    HugeMap(vmtier_core::migrate::Error),
 }
 
 /// Bytes copied by the copy microbenchmark (64 MiB).
@@ -105,6 +112,9 @@ pub fn run() -> Result<Value, Error> {
     let mut out = serde_json::Map::new();
     for ((name, _), v) in NAMES.iter().zip(parts) {
         out.insert((*name).to_owned(), json!(fastest(&v)));
+    }
+    if let Some(Value::Object(h)) = huge_map()? {
+        out.extend(h);
     }
     Ok(Value::Object(out))
 }
@@ -182,6 +192,94 @@ fn copy_ms() -> Vec<f64> {
     out
 }
 
+/// Bytes of each buffer of [`huge_map`] (256 MiB: room for it in the testbed too).
+const HUGE_MAP_BYTES: usize = 256 << 20;
+
+/// The huge-page map read as vmtierd does it (`MovePages::huge_runs`: `PAGEMAP_SCAN` for
+/// `PAGE_IS_HUGE` on `/proc/PID/pagemap`), over a touched buffer of base pages and one
+/// advised for THP: `huge_map_base_ms_per_gib`, `huge_map_thp_ms_per_gib` (the fastest of
+/// [`REPS`], ms per GiB of the buffer) and `huge_map_thp_share` (the share of the THP
+/// buffer huge pages mapped). `None` when the kernel cannot tell (before Linux 6.7).
+///
+/// The kernel walks the page tables down to where the answer is: a PMD entry for a huge
+/// page, 512 PTEs for a 2 MiB span of base pages. So the cost follows what maps the RAM.
+pub fn huge_map() -> Result<Option<Value>, Error> {
+    let mut locator = vmtier_migrate::MovePages::default();
+    let pid =
+        vmtier_core::ProcessId::new(i32::try_from(std::process::id()).expect("a pid fits pid_t"));
+    let mut out = serde_json::Map::new();
+    for (key, advice) in [
+        ("huge_map_base_ms_per_gib", libc::MADV_NOHUGEPAGE),
+        ("huge_map_thp_ms_per_gib", libc::MADV_HUGEPAGE),
+    ] {
+        let p = crate::mem::map_anon(HUGE_MAP_BYTES, Some(advice)).map_err(Error::Map)?;
+        let base = p.cast::<u8>();
+        for i in (0..HUGE_MAP_BYTES).step_by(4096) {
+            // SAFETY: i < HUGE_MAP_BYTES, inside the mapping, used by this thread only.
+            unsafe { base.add(i).write_volatile(1) };
+        }
+        let start = vmtier_core::HostVirtAddr::new(p as u64);
+        let mut runs = Vec::new();
+        let mut times = Vec::with_capacity(REPS);
+        let mut known = Ok(true);
+        for _ in 0..REPS {
+            runs.clear();
+            let t = Instant::now();
+            known = locator.huge_runs(pid, start, HUGE_MAP_BYTES as u64, &mut runs);
+            times.push(t.elapsed().as_secs_f64() * 1e3);
+            if !matches!(known, Ok(true)) {
+                break;
+            }
+        }
+        // SAFETY: unmaps exactly the mapping made above, not used after this.
+        unsafe { libc::munmap(p, HUGE_MAP_BYTES) };
+        if !known.map_err(Error::HugeMap)? {
+            return Ok(None);
+        }
+        #[allow(clippy::cast_precision_loss)]
+        let gib = HUGE_MAP_BYTES as f64 / f64::from(1u32 << 30);
+        out.insert(key.to_owned(), json!(fastest(&times) / gib));
+        if advice == libc::MADV_HUGEPAGE {
+            let huge: u64 = runs.iter().map(|r| r.1).sum();
+            #[allow(clippy::cast_precision_loss)]
+            out.insert(
+                "huge_map_thp_share".to_owned(),
+                json!(huge as f64 / HUGE_MAP_BYTES as f64),
+            );
+        }
+    }
+    Ok(Some(Value::Object(out)))
+}
+
+/// What [`huge_map`]'s figures in `m` (a [`run`] result measured on `clock`) make of one
+/// read and of a tick with the read every `refresh_ticks`, at 64 GiB and 1 TiB of guest
+/// RAM, on base pages and on THP: the lines to print.
+pub fn huge_map_lines(m: &Value, clock: &str, refresh_ticks: u64) -> Vec<String> {
+    let fig = |k: &str| m.get(k).and_then(Value::as_f64);
+    let (Some(base), Some(thp)) = (
+        fig("huge_map_base_ms_per_gib"),
+        fig("huge_map_thp_ms_per_gib"),
+    ) else {
+        return vec!["huge-page map read: not measured (PAGEMAP_SCAN needs Linux 6.7)".to_owned()];
+    };
+    let share = fig("huge_map_thp_share").unwrap_or(0.0) * 100.0;
+    #[allow(clippy::cast_precision_loss)]
+    let every = refresh_ticks.max(1) as f64;
+    let mut lines = vec![format!(
+        "huge-page map read (PAGEMAP_SCAN, {clock} clock; vmtierd reads it at each placement refresh, every {refresh_ticks} ticks, and every tick with hybrid tracking): {base:.3} ms per GiB on base pages, {thp:.3} ms per GiB on THP ({share:.0} % of that buffer huge-mapped)"
+    )];
+    for (what, gib) in [("64 GiB", 64.0), ("1 TiB", 1024.0)] {
+        lines.push(format!(
+            "  {what}: {:.1} ms per read on base pages ({:.2} ms per tick amortised), {:.2} ms on THP ({:.3} ms per tick)",
+            base * gib,
+            base * gib / every,
+            thp * gib,
+            thp * gib / every
+        ));
+    }
+    lines
+}
+
 /// The emulation factor of each microbenchmark: testbed time / native time, in [`NAMES`]
 /// order with their kinds.
 pub fn factors(testbed: &Value, native: &Value) -> Result<Vec<(&'static str, Kind, f64)>, Error> {
@@ -229,6 +327,32 @@ mod tests {
                 (got, want) => panic!("{got:?}, want {want:?}"),
             }
         }
+    }
+
+    #[test]
+    fn huge_map_lines_scale_per_gib_and_amortise_over_the_refresh() {
+        let m = json!({
+            "huge_map_base_ms_per_gib": 0.9,
+            "huge_map_thp_ms_per_gib": 0.04,
+            "huge_map_thp_share": 0.98,
+        });
+        let l = huge_map_lines(&m, "host", 10);
+        assert_eq!(l.len(), 3, "{l:?}");
+        assert!(l[0].contains("0.900 ms per GiB on base pages"), "{}", l[0]);
+        assert!(l[0].contains("(98 % of that buffer"), "{}", l[0]);
+        assert!(
+            l[1].contains("64 GiB: 57.6 ms per read on base pages (5.76 ms per tick"),
+            "{}",
+            l[1]
+        );
+        assert!(l[2].contains("1 TiB: 921.6 ms per read"), "{}", l[2]);
+        assert!(
+            l[2].contains("40.96 ms on THP (4.096 ms per tick)"),
+            "{}",
+            l[2]
+        );
+        let none = huge_map_lines(&json!({}), "host", 10);
+        assert!(none[0].contains("not measured"), "{none:?}");
     }
 
     #[test]

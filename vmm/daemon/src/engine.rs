@@ -323,13 +323,19 @@ struct Vm {
     /// Pinned ranges as set, and the granules they cover (rounded outward), sorted.
     pins: Vec<Pin>,
     pins_at: PinnedGranules,
-    /// The ranges PMD-mapped huge pages map (scratch of [`refresh_huge`]), and whether the
-    /// locator said it cannot tell (logged once).
+    /// The ranges PMD-mapped huge pages map (scratch of [`refresh_huge`] and
+    /// [`read_huge_candidates`]), and whether the locator said it cannot tell (logged once).
     huge_runs: Vec<(HostVirtAddr, u64)>,
     huge_unknown: bool,
     /// The granules huge pages map, sorted, as last read ([`PolicyInput::huge`]); `None`
     /// until read, after a layout change, or where it cannot be told.
     huge_granules: Option<Vec<u32>>,
+    /// Per granule, when [`read_huge_candidates`] last read it and what maps it:
+    /// `tick << 1 | huge`, 0 never read (8 bytes per granule: 4 MiB for 1 TiB at 2 MiB).
+    /// Empty with hybrid tracking.
+    huge_read: Vec<u64>,
+    /// Scratch of [`read_huge_candidates`].
+    huge_scratch: Vec<u32>,
 }
 
 /// The granules a VM's pins cover in its current store, sorted.
@@ -573,6 +579,8 @@ impl Engine {
             huge_runs: Vec::new(),
             huge_unknown: false,
             huge_granules: None,
+            huge_read: Vec::new(),
+            huge_scratch: Vec::new(),
             retries: BTreeMap::new(),
             slow_tick_logged: None,
             rate_limit: None,
@@ -1323,30 +1331,22 @@ fn relocate(
 /// Addresses per locate call.
 const REFRESH_CHUNK: usize = 1 << 16;
 
-/// Whether this tick reads which guest RAM huge pages map ([`refresh_huge`]): every tick with
-/// hybrid tracking; otherwise, for granules whose promotion waits for sustained heat (above
-/// 512 KiB), at the first tick after attach or a layout change and then with each placement
-/// refresh (`refresh_ticks`: khugepaged's collapses and the kernel's splits are slow), unless
-/// the locator cannot tell.
-fn huge_map_due(cfg: &EngineConfig, vm: &Vm) -> bool {
-    if vm.store.is_hybrid() {
-        return true;
-    }
-    if vm.huge_unknown || cfg.granule.bytes() <= HUGE_MAP_GRANULE_MIN {
-        return false;
-    }
-    vm.huge_granules.is_none() || (cfg.refresh_ticks > 0 && vm.tick % cfg.refresh_ticks == 0)
+/// Whether this tick reads which of the granules it may promote huge pages map
+/// ([`read_huge_candidates`]): where their promotion waits for sustained heat (granules
+/// above 512 KiB) and hybrid tracking does not read the whole map anyway, unless the
+/// locator cannot tell.
+fn huge_candidates_due(cfg: &EngineConfig, vm: &Vm) -> bool {
+    !vm.store.is_hybrid() && !vm.huge_unknown && cfg.granule.bytes() > HUGE_MAP_GRANULE_MIN
 }
 
 /// Granules up to this size are promoted on one tick's heat whatever maps them
 /// (`vmtier_policies::payback`), so the huge page map is read for larger ones only.
 const HUGE_MAP_GRANULE_MIN: u64 = 512 << 10;
 
-/// Reads which guest RAM PMD-mapped huge pages map, for two uses.
+/// Reads which guest RAM PMD-mapped huge pages map, all of it, every tick with hybrid
+/// tracking, for two uses.
 ///
-/// - The policy ([`PolicyInput::huge`]): where base pages alone map a granule, its heat
-///   tells how many of its pages are in use, and its promotion needs two ticks of sustained
-///   heat, not three.
+/// - The policy ([`PolicyInput::huge`]), as [`read_huge_candidates`] says.
 /// - Hybrid tracking: the store learns which regions huge pages map before the tick's
 ///   reports can split them. `move_pages(2)` moves a huge page whole whatever base page it is
 ///   given, so moving a few pages of such a region would move all 512 and overrun the
@@ -1362,33 +1362,13 @@ fn refresh_huge(
     vm: &mut Vm,
 ) -> Result<(), Lost> {
     let name = vm.name.to_string();
-    vm.huge_runs.clear();
+    let ranges: Vec<(HostVirtAddr, u64)> =
+        vm.layout.ranges.iter().map(|r| (r.hva, r.len)).collect();
     // Unknown unless read in full below; an empty list would say "base pages only".
     let mut granules = vm.huge_granules.take().unwrap_or_default();
-    for r in &vm.layout.ranges {
-        match locator.huge_runs(vm.layout.pid, r.hva, r.len, &mut vm.huge_runs) {
-            Ok(true) => {}
-            Ok(false) => {
-                if !vm.huge_unknown {
-                    vm.huge_unknown = true;
-                    warn!(
-                        "{name}: cannot tell which guest RAM huge pages map (PAGEMAP_SCAN needs \
-                         Linux 6.7): 2 MiB granules are promoted from their third tick of heat, \
-                         and hybrid tracking may split a THP-backed region, whose page moves \
-                         then take the whole huge page"
-                    );
-                }
-                return Ok(());
-            }
-            Err(MigrateError::ProcessGone(_)) => return Err(Lost::ProcessExited),
-            Err(e) => {
-                vm.metrics.source_errors += 1;
-                vm.problems.set(&name, Component::HugeMap, err_chain(&e));
-                return Ok(());
-            }
-        }
+    if !read_huge_runs(locator, vm, &name, &ranges)? {
+        return Ok(());
     }
-    vm.problems.clear(&name, Component::HugeMap);
     vm.store.huge_granules(&vm.huge_runs, &mut granules);
     vm.huge_granules = Some(granules);
     let merged = vm.store.set_huge(&vm.huge_runs);
@@ -1426,6 +1406,135 @@ fn refresh_huge(
     Ok(())
 }
 
+/// Reads into `vm.huge_runs` the runs huge pages map in `ranges` of host memory. `false`
+/// when the map is unknown now (`vm.huge_granules` then `None`): the locator cannot tell,
+/// or failed (shown and counted, to be read again at the next tick).
+fn read_huge_runs(
+    locator: &mut dyn PageLocator,
+    vm: &mut Vm,
+    name: &str,
+    ranges: &[(HostVirtAddr, u64)],
+) -> Result<bool, Lost> {
+    vm.huge_runs.clear();
+    for &(start, len) in ranges {
+        match locator.huge_runs(vm.layout.pid, start, len, &mut vm.huge_runs) {
+            Ok(true) => {}
+            Ok(false) => {
+                huge_map_unknown(vm, name);
+                return Ok(false);
+            }
+            Err(MigrateError::ProcessGone(_)) => return Err(Lost::ProcessExited),
+            Err(e) => {
+                vm.metrics.source_errors += 1;
+                vm.problems.set(name, Component::HugeMap, err_chain(&e));
+                vm.huge_granules = None;
+                return Ok(false);
+            }
+        }
+    }
+    vm.problems.clear(name, Component::HugeMap);
+    Ok(true)
+}
+
+/// The locator cannot tell what maps guest RAM: said once, and not asked again.
+fn huge_map_unknown(vm: &mut Vm, name: &str) {
+    vm.huge_granules = None;
+    if !vm.huge_unknown {
+        vm.huge_unknown = true;
+        warn!(
+            "{name}: cannot tell which guest RAM huge pages map (PAGEMAP_SCAN needs Linux \
+             6.7): 2 MiB granules are promoted from their third tick of heat, and hybrid \
+             tracking may split a THP-backed region, whose page moves then take the whole \
+             huge page"
+        );
+    }
+}
+
+/// Granules of cold memory a read of [`read_huge_candidates`] runs through rather than
+/// making another call: 4 (8 MiB at 2 MiB granules, some µs of page-table walk on base
+/// pages, about what opening `pagemap` and one more ioctl cost).
+const HUGE_READ_GAP: usize = 4;
+
+/// Reads, for the policy ([`PolicyInput::huge`]), which of the granules it may promote
+/// this tick huge pages map: where base pages alone map a granule, its heat tells how many
+/// of its pages are in use, and its promotion needs two ticks of sustained heat, not three.
+///
+/// Only slow granules with heat are read (after the source's reports, so this tick's
+/// newly hot ones are among them), each at most once every `refresh_ticks` ticks
+/// (khugepaged's collapses and the kernel's splits are slow; `refresh_ticks` 0: once).
+/// `PAGEMAP_SCAN` walks the 512 page-table entries of each 2 MiB of base pages (about
+/// 1 ms per GiB, `make bench-cpu`), so a read of all guest RAM at every refresh cost a
+/// 64 GiB guest on base pages 6.6 ms per tick of CPU; this costs what its hot memory in
+/// CXL does. An error leaves the map unknown for the tick (three ticks' rule), to be
+/// read again at the next.
+fn read_huge_candidates(
+    cfg: &EngineConfig,
+    locator: &mut dyn PageLocator,
+    vm: &mut Vm,
+) -> Result<(), Lost> {
+    let n = vm.store.len();
+    if vm.huge_read.len() != n {
+        vm.huge_read.clear();
+        vm.huge_read.resize(n, 0);
+    }
+    // An entry read at tick t is fresh while t > tick - refresh_ticks.
+    let fresh_from = match cfg.refresh_ticks {
+        0 => 1,
+        r => vm.tick.saturating_sub(r).saturating_add(1),
+    };
+    // Runs of granule indices to read, [lo, hi).
+    let mut want: Vec<(usize, usize)> = Vec::new();
+    for (i, r) in vm.store.records().iter().enumerate() {
+        let e = vm.huge_read[i];
+        if r.is_fast() || r.heat() == 0 || (e != 0 && e >> 1 >= fresh_from) {
+            continue;
+        }
+        match want.last_mut() {
+            Some(run) if i - run.1 <= HUGE_READ_GAP => run.1 = i + 1,
+            _ => want.push((i, i + 1)),
+        }
+    }
+    if want.is_empty() && vm.huge_granules.is_some() {
+        return Ok(());
+    }
+    // Host memory ranges: granules next in index but not in host memory (two RAM ranges)
+    // are read apart.
+    let mut ranges: Vec<(HostVirtAddr, u64)> = Vec::new();
+    for g in want.iter().flat_map(|&(lo, hi)| lo..hi) {
+        let Some(span) = u32::try_from(g)
+            .ok()
+            .and_then(|g| vm.store.span(Granule(g)))
+        else {
+            continue;
+        };
+        match ranges.last_mut() {
+            Some((start, len)) if start.raw() + *len == span.hva.raw() => *len += span.len,
+            _ => ranges.push((span.hva, span.len)),
+        }
+    }
+    let name = vm.name.to_string();
+    if !read_huge_runs(locator, vm, &name, &ranges)? {
+        return Ok(());
+    }
+    vm.store.huge_granules(&vm.huge_runs, &mut vm.huge_scratch);
+    let tick = vm.tick << 1;
+    for g in want.iter().flat_map(|&(lo, hi)| lo..hi) {
+        let huge = u32::try_from(g).is_ok_and(|g| vm.huge_scratch.binary_search(&g).is_ok());
+        vm.huge_read[g] = tick | u64::from(huge);
+    }
+    let mut granules = vm.huge_granules.take().unwrap_or_default();
+    granules.clear();
+    granules.extend(
+        vm.huge_read
+            .iter()
+            .enumerate()
+            .filter(|&(_, &e)| e & 1 == 1)
+            .filter_map(|(g, _)| u32::try_from(g).ok()),
+    );
+    vm.huge_granules = Some(granules);
+    Ok(())
+}
+
 /// One tick of one VM. `Err`: the VM cannot be managed any more.
 fn tick_vm(
     cfg: &EngineConfig,
@@ -1443,7 +1552,8 @@ fn tick_vm(
     // Every use of the pid below is preceded by this check (the backend holds a pidfd):
     // a pid that now names another process is never observed or migrated.
     alive(vm)?;
-    if huge_map_due(cfg, vm) {
+    // Hybrid tracking: the store learns what huge pages map before the reports split regions.
+    if vm.store.is_hybrid() {
         refresh_huge(cfg, locator, vm)?;
     }
     match vm.parts.source.collect(&mut vm.reports) {
@@ -1456,6 +1566,9 @@ fn tick_vm(
             vm.metrics.source_errors += 1;
             vm.problems.set(&name, Component::Source, err_chain(&e));
         }
+    }
+    if huge_candidates_due(cfg, vm) {
+        read_huge_candidates(cfg, locator, vm)?;
     }
 
     // Retries first: they finish moves already paid for, and the policy must not plan
@@ -2132,6 +2245,7 @@ fn recheck_layout(
             vm.retries.clear();
             // Granule indices of the old layout: read again at the next tick.
             vm.huge_granules = None;
+            vm.huge_read.clear();
             if !vm.pins.is_empty() {
                 let budget = vm.budget_bytes / cfg.granule.bytes();
                 match pin_granules(&vm.layout, &vm.store, &vm.pins, budget) {
@@ -2205,6 +2319,10 @@ mod tests {
         huge: std::collections::BTreeSet<u64>,
         /// The locator cannot tell which ranges huge pages map (no `PAGEMAP_SCAN`).
         huge_unknown: bool,
+        /// Bytes the locator was asked what maps them, and how many calls.
+        huge_asked: (u64, u64),
+        /// The next this many huge-page map reads fail.
+        huge_fail: u32,
     }
     type World = Arc<Mutex<Pages>>;
 
@@ -2375,12 +2493,20 @@ mod tests {
             len: u64,
             out: &mut Vec<(HostVirtAddr, u64)>,
         ) -> Result<bool, MigrateError> {
-            let w = self.0.lock().unwrap();
+            let mut w = self.0.lock().unwrap();
             if w.dead.contains(&pid.raw()) {
                 return Err(MigrateError::ProcessGone(pid));
             }
             if w.huge_unknown {
                 return Ok(false);
+            }
+            w.huge_asked.0 += len;
+            w.huge_asked.1 += 1;
+            if w.huge_fail > 0 {
+                w.huge_fail -= 1;
+                return Err(MigrateError::Io(std::io::Error::from_raw_os_error(
+                    libc::EIO,
+                )));
             }
             let (lo, hi) = (start.raw(), start.raw() + len);
             out.extend(
@@ -3053,7 +3179,7 @@ mod tests {
             ("huge pages", 12, true, false, false, (3, 14)),
             ("huge pages, every sample", 20, true, false, false, (2, 13)),
             ("cannot tell", 12, false, false, true, (3, 14)),
-            // Collapsed at tick 8, read at the refresh of tick 10 (refresh_ticks 5).
+            // Collapsed at tick 8, read at tick 12, when the new place first has heat.
             (
                 "khugepaged collapses it later",
                 12,
@@ -3092,6 +3218,82 @@ mod tests {
             assert_eq!((got_first, got_moved), (Some(first), Some(moved)), "{name}");
             assert_eq!(hot_in_dram(&w, 128 * MIB, 16 * MIB), 16 * MIB, "{name}");
         }
+    }
+
+    #[test]
+    fn the_huge_page_map_is_read_where_the_hot_memory_in_cxl_is() {
+        // A 1 GiB VM on base pages with a 16 MiB hot set (gain 15), at [0, 16M) and from
+        // tick 12 at [512M, 528M), refresh_ticks 5. Read in full at every refresh, the map
+        // cost 5 GiB of page-table walks over 20 ticks; read where the policy may promote,
+        // the hot set's granules while they are on CXL. A failed read is shown, counted,
+        // and leaves the map unknown for the tick (three ticks' rule), to be read again at
+        // the next: a failure at tick 1 costs nothing, failures at ticks 1 and 2 hold the
+        // hot set back to its third tick. (name, reads that fail) -> (tick of the first
+        // move, tick the moved hot set first has a page in DRAM, bytes asked at most)
+        let cases = [
+            ("reads", 0, (2, 13, 40 * MIB)),
+            ("the first read fails", 1, (2, 13, 56 * MIB)),
+            ("the first two reads fail", 2, (3, 13, 72 * MIB)),
+        ];
+        for (name, fail, (first, moved, most)) in cases {
+            let sig: Signal = Box::new(move |tick, _| {
+                let at = if tick < 12 { 0 } else { 512 * MIB };
+                vec![(0, 1024 * MIB, 0, 20), (at, 16 * MIB, 12, 20)]
+            });
+            let (w, mut e) = signal_vm(1024 * MIB, 64 * MIB, sig);
+            w.lock().unwrap().huge_fail = fail;
+            let vm: VmId = "g".parse().unwrap();
+            let (mut got_first, mut got_moved) = (None, None);
+            for t in 1..=20u64 {
+                e.tick();
+                let st = e.status(&vm).unwrap();
+                if t <= u64::from(fail) {
+                    assert!(
+                        st.summary.state.contains("huge page map"),
+                        "{name}: {}",
+                        st.summary.state
+                    );
+                    assert_eq!(st.metrics.source_errors, t, "{name}");
+                } else {
+                    assert_eq!(st.summary.state, "active", "{name}: tick {t}");
+                }
+                if got_first.is_none() && w.lock().unwrap().calls > 0 {
+                    got_first = Some(t);
+                }
+                if got_moved.is_none() && hot_in_dram(&w, 512 * MIB, 16 * MIB) > 0 {
+                    got_moved = Some(t);
+                }
+            }
+            let asked = w.lock().unwrap().huge_asked;
+            assert_eq!((got_first, got_moved), (Some(first), Some(moved)), "{name}");
+            assert!(
+                (32 * MIB..=most).contains(&asked.0),
+                "{name}: {} MiB asked in {} calls",
+                asked.0 >> 20,
+                asked.1
+            );
+            assert_eq!(hot_in_dram(&w, 512 * MIB, 16 * MIB), 16 * MIB, "{name}");
+        }
+    }
+
+    #[test]
+    fn granules_left_in_cxl_are_read_again_each_refresh() {
+        // A 16 MiB hot set (gain 15) under an 8 MiB budget: half of it stays in CXL, hot.
+        // Its granules are read at tick 1, and those left in CXL again every refresh_ticks
+        // (5: ticks 6, 11, 16), as khugepaged may have collapsed them since; the ones in
+        // DRAM are not. Read once for good, it would be 16 MiB.
+        let sig: Signal = Box::new(|_, _| vec![(0, 256 * MIB, 0, 20), (0, 16 * MIB, 12, 20)]);
+        let (w, mut e) = signal_vm(256 * MIB, 8 * MIB, sig);
+        for _ in 0..20 {
+            e.tick();
+        }
+        assert_eq!(hot_in_dram(&w, 0, 16 * MIB), 8 * MIB);
+        let (bytes, calls) = w.lock().unwrap().huge_asked;
+        assert_eq!(
+            (bytes >> 20, calls),
+            (16 + 3 * 8, 4),
+            "MiB asked and calls over 20 ticks"
+        );
     }
 
     /// A 256 MiB VM on 4 KiB pages as DAMON sees it over a tick (200 samples): a dense hot
