@@ -523,7 +523,7 @@ pub fn run(c: &mut Checks, a: &GuestArgs) {
         );
     };
     c.check(
-        true,
+        num(&filled, "ms").is_some(),
         "guest fills its RAM",
         format!(
             "{filled} (nested TCG inside the testbed; {:.1} s wall, {})",

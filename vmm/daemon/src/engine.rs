@@ -1464,7 +1464,7 @@ const HUGE_READ_GAP: usize = 4;
 /// (khugepaged's collapses and the kernel's splits are slow; `refresh_ticks` 0: once).
 /// `PAGEMAP_SCAN` walks the 512 page-table entries of each 2 MiB of base pages (about
 /// 1 ms per GiB, `make bench-cpu`), so a read of all guest RAM at every refresh cost a
-/// 64 GiB guest on base pages 6.6 ms per tick of CPU; this costs what its hot memory in
+/// 64 GiB guest on base pages 6–9 ms per tick of CPU; this costs what its hot memory in
 /// CXL does. An error leaves the map unknown for the tick (three ticks' rule), to be
 /// read again at the next.
 fn read_huge_candidates(
