@@ -145,6 +145,10 @@ pub struct HintCounters {
     pub dropped_replay: u64,
     /// HINTS frames before a completed HELLO.
     pub dropped_before_hello: u64,
+    /// Of those, frames before the first HELLO or BYE of a connection (vmtierd connected
+    /// after the guest's HELLO, which a guest cannot know): counted, but not a protocol
+    /// violation.
+    pub resync_before_hello: u64,
     /// Frames of a version other than the negotiated one, and HELLOs with no common version.
     pub dropped_bad_version: u64,
     /// Headers announcing more than 65520 payload bytes.

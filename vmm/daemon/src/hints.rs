@@ -186,6 +186,9 @@ pub struct HintChannel {
     read_buf: Box<[u8]>,
     /// Whether a frame (good or bad, not garbage) was seen on this connection.
     synced: bool,
+    /// Whether a HELLO or BYE was seen on this connection: HINTS before one are the tail of
+    /// a batch whose HELLO went out before vmtierd connected, not a violation.
+    greeted: bool,
 }
 
 impl HintChannel {
@@ -215,6 +218,7 @@ impl HintChannel {
             last_error_log: None,
             read_buf: vec![0u8; 16 << 10].into_boxed_slice(),
             synced: false,
+            greeted: false,
         }
     }
 
@@ -240,6 +244,7 @@ impl HintChannel {
                 self.last_error = None;
                 self.conn = Conn::Up(s);
                 self.synced = false;
+                self.greeted = false;
             }
             Err(e) => {
                 self.counters.connect_errors += 1;
@@ -434,6 +439,7 @@ impl HintChannel {
     fn frame(&mut self, f: Frame, layout: &GuestMemoryLayout) {
         match f.body {
             Body::Hello(h) => {
+                self.greeted = true;
                 self.agent = h.name_lossy();
                 match h.negotiate(proto::HOST_MIN_VERSION, proto::HOST_MAX_VERSION) {
                     Some(v) => {
@@ -465,6 +471,9 @@ impl HintChannel {
             Body::Hints(h) => {
                 let Some(version) = self.session.version else {
                     self.counters.dropped_before_hello += 1;
+                    if !self.greeted {
+                        self.counters.resync_before_hello += 1;
+                    }
                     return;
                 };
                 if f.version != version {
@@ -486,6 +495,7 @@ impl HintChannel {
                 }));
             }
             Body::Bye(_) => {
+                self.greeted = true;
                 self.counters.frames_ok += 1;
                 self.session = Session::default();
             }
@@ -580,7 +590,8 @@ impl HintFeed for HintChannel {
             ("replayed", c.dropped_replay - r.dropped_replay),
             (
                 "before HELLO",
-                c.dropped_before_hello - r.dropped_before_hello,
+                (c.dropped_before_hello - c.resync_before_hello)
+                    - (r.dropped_before_hello - r.resync_before_hello),
             ),
             ("bad version", c.dropped_bad_version - r.dropped_bad_version),
             ("oversize", c.dropped_oversize - r.dropped_oversize),
@@ -1150,9 +1161,29 @@ mod tests {
         type Check = fn(&HintCounters) -> bool;
         // (name, bytes after a HELLO (or instead of one), check)
         let cases: Vec<(&str, Vec<u8>, Check)> = vec![
+            // vmtierd connected after the guest's HELLO: dropped, but no violation.
             ("before hello", hints(1, 1, vec![raw(0, 4096, 1)]), |c| {
-                c.dropped_before_hello == 1 && c.ranges_accepted == 0
+                c.dropped_before_hello == 1 && c.resync_before_hello == 1 && c.ranges_accepted == 0
             }),
+            (
+                "before hello, then a session",
+                [
+                    hints(7, 1, vec![raw(0, 4096, 1)]),
+                    hello(),
+                    hints(1, 1, vec![raw(0, 4096, 1)]),
+                ]
+                .concat(),
+                |c| c.resync_before_hello == 1 && c.frames_ok == 2 && c.ranges_accepted == 1,
+            ),
+            (
+                "before hello after a bye",
+                [
+                    enc(Frame::new(1, Body::Bye(proto::Bye { reason: 0 }))),
+                    hints(2, 1, vec![raw(0, 4096, 1)]),
+                ]
+                .concat(),
+                |c| c.dropped_before_hello == 1 && c.resync_before_hello == 0,
+            ),
             (
                 "garbage",
                 [b"\x00\xffgarbage".to_vec(), hello()].concat(),
@@ -1213,7 +1244,7 @@ mod tests {
                     hints(1, 1, vec![raw(0, 4096, 1)]),
                 ]
                 .concat(),
-                |c| c.dropped_before_hello == 1,
+                |c| c.dropped_before_hello == 1 && c.resync_before_hello == 0,
             ),
             ("oversize", [hello(), oversize].concat(), |c| {
                 c.dropped_oversize == 1 && c.garbage_bytes > 0
@@ -1281,9 +1312,16 @@ mod tests {
             let c = exchange(&mut g, &mut ch, &bytes);
             assert!(check(&c), "{name}: {c:?}");
             let v = ch.take_violations();
-            // Garbage before the first frame of a connection is resynchronization.
-            let quiet = ["hello resets seq", "garbage", "bad magic"];
-            assert!(v.is_some() || quiet.contains(&name), "{name}: not reported");
+            // Garbage before the first frame of a connection, and HINTS before its first
+            // HELLO or BYE, are resynchronization.
+            let quiet = [
+                "hello resets seq",
+                "garbage",
+                "bad magic",
+                "before hello",
+                "before hello, then a session",
+            ];
+            assert_eq!(v.is_some(), !quiet.contains(&name), "{name}: {v:?}");
             assert!(ch.take_violations().is_none(), "{name}: reported twice");
         }
     }

@@ -131,12 +131,13 @@ fn render_hints(h: &vmtier_api::hints::HintStatus) -> String {
         trust.join(", ")
     );
     out += &format!(
-        "    dropped: rate {}   garbage {} bytes ({} at connect)   replay {}   before hello {}   bad version {}   oversize {}   bad type {}   bad length {}\n",
+        "    dropped: rate {}   garbage {} bytes ({} at connect)   replay {}   before hello {} ({} at connect)   bad version {}   oversize {}   bad type {}   bad length {}\n",
         c.dropped_rate,
         c.garbage_bytes,
         c.resync_bytes,
         c.dropped_replay,
         c.dropped_before_hello,
+        c.resync_before_hello,
         c.dropped_bad_version,
         c.dropped_oversize,
         c.dropped_bad_type,
