@@ -206,11 +206,26 @@ impl Daemon {
 
     /// Polls `vm`'s state until it starts with `prefix` or `timeout` passes; the last state.
     pub fn wait_state(&self, vm: &str, prefix: &str, timeout: Duration) -> String {
+        self.wait_state_traced(vm, prefix, timeout).0
+    }
+
+    /// As [`Self::wait_state`], with the other states the VM was seen in on the way (in
+    /// order, without repeats) and how long the wait took.
+    pub fn wait_state_traced(
+        &self,
+        vm: &str,
+        prefix: &str,
+        timeout: Duration,
+    ) -> (String, Vec<String>, Duration) {
         let t = Instant::now();
+        let mut seen: Vec<String> = Vec::new();
         loop {
             let state = self.status(vm).map(|s| s.summary.state).unwrap_or_default();
             if state.starts_with(prefix) || t.elapsed() >= timeout {
-                return state;
+                return (state, seen, t.elapsed());
+            }
+            if !state.is_empty() && seen.last() != Some(&state) {
+                seen.push(state);
             }
             std::thread::sleep(Duration::from_millis(500));
         }

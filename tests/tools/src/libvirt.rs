@@ -421,7 +421,9 @@ pub fn run(c: &mut Checks, a: &LibvirtArgs) {
     let Some(d) = start_daemon(c, a, &socket) else {
         return;
     };
-    let state = d.wait_state("wl1", "active", Duration::from_secs(60));
+    // The states on the way say why a wait was long (a transient problem at attach counts
+    // against the promotion's ticks below).
+    let (state, before, waited) = d.wait_state_traced("wl1", "active", Duration::from_secs(60));
     let st = d.status("wl1");
     if !c.check(
         state == "active"
@@ -430,7 +432,13 @@ pub fn run(c: &mut Checks, a: &LibvirtArgs) {
                 .is_some_and(|s| s.backend.contains("libvirt domain wl1")),
         "vmtierd finds wl1 through libvirt and manages it",
         format!(
-            "state {state:?}, backend {:?}, budget {}",
+            "state {state:?} after {:.1} s{}, backend {:?}, budget {}",
+            waited.as_secs_f64(),
+            if before.is_empty() {
+                String::new()
+            } else {
+                format!(" (before: {})", before.join("; "))
+            },
             st.as_ref().map(|s| s.backend.clone()).unwrap_or_default(),
             ByteSize(st.as_ref().map_or(0, |s| s.summary.budget_bytes))
         ),
@@ -450,9 +458,11 @@ pub fn run(c: &mut Checks, a: &LibvirtArgs) {
     let ticks = |d: &Daemon| d.status("wl1").map_or(0, |s| s.metrics.ticks);
     let mut max_dram = 0;
     let mut reached = None;
+    let mut first = None;
     per_tick(tick, a.ticks + 5, || {
         let p = place(&pages, hot);
         let tk = ticks(&d);
+        first.get_or_insert(tk);
         max_dram = max_dram.max(p.dram);
         println!(
             "  [promote ] tick {tk:>3}  DRAM {:>10}  hot set in DRAM {:>5.1}%",
@@ -468,7 +478,11 @@ pub fn run(c: &mut Checks, a: &LibvirtArgs) {
     c.check(
         reached.is_some_and(|t| t <= a.ticks),
         "wl1's hot set reaches DRAM (90%)",
-        format!("after {reached:?} ticks (limit {})", a.ticks),
+        format!(
+            "after {reached:?} ticks (limit {}; first sample at tick {})",
+            a.ticks,
+            first.unwrap_or(0)
+        ),
     );
     c.check(
         max_dram <= a.budget.0 + SLACK,
