@@ -308,6 +308,12 @@ impl PlacementPolicy for DefaultPolicy {
     fn state_bytes(&self) -> u64 {
         self.history.bytes()
     }
+
+    /// Where a promotion waits for sustained heat: there base pages alone mapping a granule
+    /// make two ticks enough.
+    fn uses_huge_map(&self, granule_bytes: u64, max_gain: u8) -> bool {
+        self.cfg.needs_sustained(granule_bytes, max_gain)
+    }
 }
 
 #[cfg(test)]
@@ -611,13 +617,18 @@ mod tests {
 
     #[test]
     fn needs_sustained_table() {
-        // (granule bytes, max gain, sustained_heat) -> sustained heat needed
+        // (granule bytes, max gain, sustained_heat) -> sustained heat needed, and with it the
+        // huge page map (the engine reads it only then). Soft-dirty's 3 a tick pays back no
+        // move on one tick's evidence, not even a 4 KiB one.
         for (bytes, gain, sustained_heat, want) in [
             (4096u64, 16u8, true, false),
             (65536, 16, true, false),
             (MIB2, 16, true, true),
             (MIB2, 3, true, true),
             (MIB2, 16, false, false),
+            (4096, 3, true, true),
+            (65536, 3, true, true),
+            (65536, 3, false, false),
         ] {
             let cfg = Config {
                 sustained_heat,
@@ -625,6 +636,11 @@ mod tests {
             };
             assert_eq!(
                 cfg.needs_sustained(bytes, gain),
+                want,
+                "{bytes} B gain {gain}"
+            );
+            assert_eq!(
+                DefaultPolicy::new(cfg).uses_huge_map(bytes, gain),
                 want,
                 "{bytes} B gain {gain}"
             );

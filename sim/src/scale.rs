@@ -149,10 +149,14 @@ fn time_hybrid(pages_log2: u32, rng: &mut Rng) -> Result<Hybrid, sim::Error> {
     let max_moves = (1u64 << 30) / (2 << 20);
     let mut p = DefaultPolicy::default();
     let (mut plan_ms, mut track_ms) = (0.0, 0.0);
+    let mut cands = Vec::new();
     // Three ticks, each timed; the moves are applied as the simulator does.
     for tick in 1..=3 {
         let t = Instant::now();
         store.tick();
+        // As vmtierd does: the regions the reports would split, whose huge page map it
+        // reads first, then the fold.
+        store.split_candidates(&reports, &mut cands);
         store.observe(&reports);
         track_ms += t.elapsed().as_secs_f64() * 1e3;
 

@@ -15,9 +15,9 @@
 //! Each figure is the fastest of [`REPS`] repetitions: the one least disturbed by other load
 //! on the machine, natively and in the testbed alike.
 //!
-//! Beside the factors, [`huge_map`] times the huge-page map vmtierd reads at each placement
-//! refresh (every tick with hybrid tracking): a figure of its own, per GiB of guest RAM, not
-//! a factor.
+//! Beside the factors, [`huge_map`] times the huge-page map read vmtierd does for the granules
+//! it may promote or split, each at most once per placement refresh: a figure of its own, per
+//! GiB of guest RAM, not a factor.
 
 use std::time::Instant;
 
@@ -225,7 +225,7 @@ pub fn huge_map() -> Result<Option<Value>, Error> {
         for _ in 0..REPS {
             runs.clear();
             let t = Instant::now();
-            known = locator.huge_runs(pid, start, HUGE_MAP_BYTES as u64, &mut runs);
+            known = locator.huge_runs(pid, &[(start, HUGE_MAP_BYTES as u64)], &mut runs);
             times.push(t.elapsed().as_secs_f64() * 1e3);
             if !matches!(known, Ok(true)) {
                 break;
@@ -253,8 +253,9 @@ pub fn huge_map() -> Result<Option<Value>, Error> {
 
 /// What [`huge_map`]'s figures in `m` (a [`run`] result measured on `clock`) make of a read
 /// of all guest RAM at 64 GiB and 1 TiB, on base pages and on THP, and of a tick where every
-/// granule is read once every `refresh_ticks` (the most vmtierd reads without hybrid
-/// tracking: the slow granules with heat): the lines to print.
+/// granule is read once every `refresh_ticks` (the most vmtierd reads: the slow granules with
+/// heat, and with hybrid tracking the regions it may split and the split ones; a split
+/// region is read again before its pages move): the lines to print.
 pub fn huge_map_lines(m: &Value, clock: &str, refresh_ticks: u64) -> Vec<String> {
     let fig = |k: &str| m.get(k).and_then(Value::as_f64);
     let (Some(base), Some(thp)) = (
@@ -267,11 +268,11 @@ pub fn huge_map_lines(m: &Value, clock: &str, refresh_ticks: u64) -> Vec<String>
     #[allow(clippy::cast_precision_loss)]
     let every = refresh_ticks.max(1) as f64;
     let mut lines = vec![format!(
-        "huge-page map read (PAGEMAP_SCAN, {clock} clock; vmtierd reads it for the slow granules with heat, each at most once every {refresh_ticks} ticks, and for all guest RAM every tick with hybrid tracking): {base:.3} ms per GiB on base pages, {thp:.3} ms per GiB on THP ({share:.0} % of that buffer huge-mapped)"
+        "huge-page map read (PAGEMAP_SCAN, {clock} clock; vmtierd reads it for the slow granules with heat and, with hybrid tracking, the regions it may split and the split ones, each at most once every {refresh_ticks} ticks): {base:.3} ms per GiB on base pages, {thp:.3} ms per GiB on THP ({share:.0} % of that buffer huge-mapped)"
     )];
     for (what, gib) in [("64 GiB", 64.0), ("1 TiB", 1024.0)] {
         lines.push(format!(
-            "  {what}, all of it: {:.1} ms per read on base pages (at most {:.2} ms per tick without hybrid tracking), {:.2} ms on THP (at most {:.3} ms per tick)",
+            "  {what}, all of it: {:.1} ms per read on base pages (at most {:.2} ms per tick, each granule once per refresh), {:.2} ms on THP (at most {:.3} ms per tick)",
             base * gib,
             base * gib / every,
             thp * gib,

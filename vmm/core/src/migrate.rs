@@ -99,18 +99,19 @@ pub trait PageLocator: Send {
         out: &mut Vec<PageLocation>,
     ) -> Result<(), Error>;
 
-    /// Appends the runs of `[start, start + len)` of `pid` that PMD-mapped huge pages map (a
-    /// transparent huge page or hugetlb page under one page-table entry: a move of any of
-    /// its base pages moves all of them) to `out`, as `(start, len)`. `Ok(false)`: this
-    /// locator cannot tell (then nothing is appended).
+    /// Appends the runs of `ranges` (`(start, len)`, in ascending order) of `pid` that
+    /// PMD-mapped huge pages map (a transparent huge page or hugetlb page under one
+    /// page-table entry: a move of any of its base pages moves all of them) to `out`, as
+    /// `(start, len)`, in the order of `ranges`. One call for all of a tick's ranges, so a
+    /// locator opens what it reads once. `Ok(false)`: this locator cannot tell (then
+    /// nothing is appended).
     fn huge_runs(
         &mut self,
         pid: ProcessId,
-        start: HostVirtAddr,
-        len: u64,
+        ranges: &[(HostVirtAddr, u64)],
         out: &mut Vec<(HostVirtAddr, u64)>,
     ) -> Result<bool, Error> {
-        let _ = (pid, start, len, out);
+        let _ = (pid, ranges, out);
         Ok(false)
     }
 }

@@ -517,6 +517,14 @@ pub trait PlacementPolicy: Send {
         0
     }
 
+    /// Whether [`Self::plan`] reads [`PolicyInput::huge`] for granules of `granule_bytes`
+    /// from a source whose tick gives at most `max_gain`. The engine reads what maps guest
+    /// RAM (a page-table walk) for the policy only then; otherwise `huge` is `None`.
+    fn uses_huge_map(&self, granule_bytes: u64, max_gain: u8) -> bool {
+        let _ = (granule_bytes, max_gain);
+        false
+    }
+
     /// Plans one tick.
     fn plan(&mut self, input: &PolicyInput<'_>) -> Plan;
 }

@@ -268,43 +268,53 @@ impl PageLocator for MovePages {
         Ok(())
     }
 
-    /// `PAGEMAP_SCAN` for [`pagemap::PAGE_IS_HUGE`] on `/proc/PID/pagemap`; `Ok(false)`
-    /// before Linux 6.7 (no such ioctl).
+    /// `PAGEMAP_SCAN` for [`pagemap::PAGE_IS_HUGE`] on `/proc/PID/pagemap`, opened once for
+    /// all `ranges`; `Ok(false)` before Linux 6.7 (no such ioctl).
     fn huge_runs(
         &mut self,
         pid: ProcessId,
-        start: HostVirtAddr,
-        len: u64,
+        ranges: &[(HostVirtAddr, u64)],
         out: &mut Vec<(HostVirtAddr, u64)>,
     ) -> Result<bool, Error> {
+        if ranges.is_empty() {
+            return Ok(true);
+        }
         let path = format!("/proc/{pid}/pagemap");
         let f = std::fs::File::open(&path).map_err(|e| match e.raw_os_error() {
             Some(libc::ENOENT | libc::ESRCH) => Error::ProcessGone(pid),
             Some(libc::EPERM | libc::EACCES) => Error::PermissionDenied(pid),
             _ => Error::Io(e),
         })?;
-        let end = start
-            .raw()
-            .checked_add(len)
-            .ok_or_else(|| Error::InvalidRequest(format!("range {start} + {len} overflows")))?;
         let mut vec = vec![pagemap::PageRegion::default(); pagemap::SCAN_BATCH];
         let mut runs = Vec::new();
-        match pagemap::runs(
-            &f,
-            start.raw(),
-            end,
-            pagemap::PAGE_IS_HUGE,
-            &mut vec,
-            &mut runs,
-        ) {
-            Ok(()) => {}
-            Err(e) if matches!(e.raw_os_error(), Some(libc::ENOTTY | libc::EINVAL)) => {
-                return Ok(false)
+        let first = out.len();
+        for &(start, len) in ranges {
+            let end = start
+                .raw()
+                .checked_add(len)
+                .ok_or_else(|| Error::InvalidRequest(format!("range {start} + {len} overflows")))?;
+            runs.clear();
+            let res = pagemap::runs(
+                &f,
+                start.raw(),
+                end,
+                pagemap::PAGE_IS_HUGE,
+                &mut vec,
+                &mut runs,
+            );
+            match res {
+                Ok(()) => {}
+                Err(e) if matches!(e.raw_os_error(), Some(libc::ENOTTY | libc::EINVAL)) => {
+                    out.truncate(first);
+                    return Ok(false);
+                }
+                Err(e) if e.raw_os_error() == Some(libc::ESRCH) => {
+                    return Err(Error::ProcessGone(pid))
+                }
+                Err(e) => return Err(Error::Io(e)),
             }
-            Err(e) if e.raw_os_error() == Some(libc::ESRCH) => return Err(Error::ProcessGone(pid)),
-            Err(e) => return Err(Error::Io(e)),
+            out.extend(runs.iter().map(|&(s, e)| (HostVirtAddr::new(s), e - s)));
         }
-        out.extend(runs.into_iter().map(|(s, e)| (HostVirtAddr::new(s), e - s)));
         Ok(true)
     }
 }
@@ -408,9 +418,16 @@ mod tests {
                 std::ptr::write_bytes(p.cast::<u8>(), 1, len);
             }
             let start = p as u64;
+            // The two halves in one call: both are read (a huge page across the cut is
+            // reported in two parts, joined below).
+            let half = (len / 2) as u64;
+            let ranges = [
+                (HostVirtAddr::new(start), half),
+                (HostVirtAddr::new(start + half), half),
+            ];
             let mut runs = Vec::new();
             let known = MovePages::default()
-                .huge_runs(me, HostVirtAddr::new(start), len as u64, &mut runs)
+                .huge_runs(me, &ranges, &mut runs)
                 .unwrap();
             let thp = smaps_thp_bytes(start);
             // SAFETY: unmapping the mapping made above, no longer used.
@@ -422,7 +439,14 @@ mod tests {
             }
             let total: u64 = runs.iter().map(|r| r.1).sum();
             assert_eq!(total, thp, "advice {advice}: runs {runs:x?}");
-            assert!(runs
+            let mut joined: Vec<(HostVirtAddr, u64)> = Vec::new();
+            for &(s, l) in &runs {
+                match joined.last_mut() {
+                    Some(last) if last.0.raw() + last.1 == s.raw() => last.1 += l,
+                    _ => joined.push((s, l)),
+                }
+            }
+            assert!(joined
                 .iter()
                 .all(|r| r.0.raw() % (2 << 20) == 0 && r.1 % (2 << 20) == 0));
             if !may_be_huge {

@@ -350,6 +350,98 @@ struct Seen {
     cover: Cover,
 }
 
+impl Seen {
+    /// Whether the region splits unless a huge page maps it: a whole region (not one cut
+    /// short by the end of a RAM range) seen mixed.
+    fn splits(&self, granule_bytes: u64) -> bool {
+        self.hi - self.lo == granule_bytes && self.seen.mixed()
+    }
+}
+
+/// Hybrid tracking's walk of a tick's `reports` (in address order) over the regions of
+/// `spans`: `f` gets each region they touch, once, with what they saw of it (with
+/// `pieces`, also each report's piece of it and access fraction, for the fold; without, only
+/// the regions a report starts or ends in, as one report covering a region whole cannot make
+/// it mixed: a few per report rather than every region). Returns the bytes of the reports
+/// outside guest RAM.
+fn walk_regions(
+    spans: &[Span],
+    shift: u32,
+    reports: &[RegionAccess],
+    pieces: bool,
+    mut f: impl FnMut(Seen),
+) -> u64 {
+    let mut done = |mut c: Seen| {
+        c.seen.covered = c.covered >= c.hi - c.lo;
+        f(c);
+    };
+    let mut outside = 0u64;
+    let mut cur: Option<Seen> = None;
+    for a in reports {
+        let Some(end) = a.end().map(HostVirtAddr::raw) else {
+            outside = outside.saturating_add(a.len);
+            continue;
+        };
+        let gain = HeatRecord::heat_gain(a.hits, a.samples);
+        let full = HeatRecord::heat_gain(a.samples, a.samples);
+        let mut covered = 0u64;
+        for s in spans {
+            let lo = a.start.raw().max(s.hva);
+            let hi = end.min(s.hva + s.len);
+            if lo >= hi {
+                continue;
+            }
+            covered = covered.saturating_add(hi - lo);
+            let g0 = u32::try_from((lo - s.base()) >> shift).unwrap_or(u32::MAX);
+            let g1 = u32::try_from((hi - 1 - s.base()) >> shift).unwrap_or(0);
+            let mut k = g0;
+            loop {
+                let region = s.first as usize + k as usize;
+                let (rlo, rhi) = s.granule(k, shift);
+                if cur.as_ref().is_some_and(|c| c.region != region) {
+                    if let Some(c) = cur.take() {
+                        done(c);
+                    }
+                }
+                let c = cur.get_or_insert_with(|| Seen {
+                    region,
+                    lo: rlo,
+                    hi: rhi,
+                    seen: RegionSeen {
+                        min_gain: u8::MAX,
+                        ..RegionSeen::default()
+                    },
+                    cover: Cover::new(region),
+                    ..Seen::default()
+                });
+                let (plo, phi) = (lo.max(rlo), hi.min(rhi));
+                c.covered += phi - plo;
+                c.seen.min_gain = c.seen.min_gain.min(gain);
+                c.seen.max_gain = c.seen.max_gain.max(gain);
+                c.seen.full_gain = c.seen.full_gain.max(full);
+                if pieces {
+                    if let Some(fraction) = access_fraction(a) {
+                        c.cover.add(phi - plo, fraction, a.hits.min(a.samples));
+                    }
+                    // Pages are 4 KiB from the region's start (regions start on 2 MiB).
+                    let first = usize::try_from((plo - rlo) / 4096).unwrap_or(0);
+                    let last = usize::try_from((phi - rlo).div_ceil(4096)).unwrap_or(0);
+                    c.pieces.push((first, last, gain));
+                }
+                if k >= g1 {
+                    break;
+                }
+                k = if pieces { k + 1 } else { g1 };
+            }
+        }
+        outside = outside.saturating_add(a.len.saturating_sub(covered));
+    }
+    if let Some(c) = cur.take() {
+        done(c);
+    }
+    outside
+}
+
 /// Per-granule heat, tier and move age of one VM's RAM. See the module docs.
 #[derive(Debug)]
 pub struct HotnessStore {
@@ -495,22 +587,34 @@ impl HotnessStore {
             .map_or_else(DetailStats::default, |d| d.stats)
     }
 
-    /// Hybrid tracking: the ranges PMD-mapped huge pages map now, as `(start, len)` in host
-    /// virtual addresses. `move_pages(2)` moves such a page whole whatever base page it is
-    /// given, so a region any of them touches is not split from now on, and one split before
-    /// (khugepaged collapsed it since) is merged. Returns the merged regions: each is
-    /// recorded on the tier most of its pages were on, which the caller should confirm (a
-    /// huge page is on one node). Nothing without hybrid tracking.
-    pub fn set_huge(&mut self, runs: &[(HostVirtAddr, u64)]) -> Vec<Granule> {
+    /// Hybrid tracking: what a read of the ranges `read` found, `runs` the parts of them
+    /// PMD-mapped huge pages map, both as `(start, len)` in host virtual addresses (whole
+    /// regions; a region either touches in part counts). `move_pages(2)` moves such a page
+    /// whole whatever base page it is given, so a region a run touches is not split from now
+    /// on, and one split before (khugepaged collapsed it since) is merged; a region read
+    /// without a run may split again. Regions outside `read` keep what an earlier read said.
+    /// Returns the merged regions: each is recorded on the tier most of its pages were on,
+    /// which the caller should confirm (a huge page is on one node). Nothing without hybrid
+    /// tracking.
+    pub fn set_huge(
+        &mut self,
+        read: &[(HostVirtAddr, u64)],
+        runs: &[(HostVirtAddr, u64)],
+    ) -> Vec<Granule> {
         let Some(d) = self.detail.as_mut() else {
             return Vec::new();
         };
-        d.huge.fill(0);
-        granules_of_runs(&self.spans, self.shift, runs, |r| {
-            if let Some(w) = d.huge.get_mut(r / 64) {
-                *w |= 1 << (r % 64);
-            }
-        });
+        for (ranges, on) in [(read, false), (runs, true)] {
+            granules_of_runs(&self.spans, self.shift, ranges, |r| {
+                if let Some(w) = d.huge.get_mut(r / 64) {
+                    if on {
+                        *w |= 1 << (r % 64);
+                    } else {
+                        *w &= !(1 << (r % 64));
+                    }
+                }
+            });
+        }
         let mut merged = Vec::new();
         for slot in 0..d.owner.len() {
             let region = d.owner[slot];
@@ -979,65 +1083,31 @@ impl HotnessStore {
     /// [`Self::observe`] with hybrid tracking: regions as 2 MiB granules, plus the detail of
     /// split regions, splitting the mixed ones.
     fn observe_hybrid(&mut self, reports: &[RegionAccess]) -> u64 {
-        let mut outside = 0u64;
-        let mut cur: Option<Seen> = None;
-        for a in reports {
-            let Some(end) = a.end().map(HostVirtAddr::raw) else {
-                outside = outside.saturating_add(a.len);
-                continue;
-            };
-            let gain = HeatRecord::heat_gain(a.hits, a.samples);
-            let full = HeatRecord::heat_gain(a.samples, a.samples);
-            let mut covered = 0u64;
-            for si in 0..self.spans.len() {
-                let s = self.spans[si];
-                let lo = a.start.raw().max(s.hva);
-                let hi = end.min(s.hva + s.len);
-                if lo >= hi {
-                    continue;
-                }
-                covered = covered.saturating_add(hi - lo);
-                let g0 = u32::try_from((lo - s.base()) >> self.shift).unwrap_or(u32::MAX);
-                let g1 = u32::try_from((hi - 1 - s.base()) >> self.shift).unwrap_or(0);
-                for k in g0..=g1 {
-                    let region = s.first as usize + k as usize;
-                    let (rlo, rhi) = s.granule(k, self.shift);
-                    if cur.as_ref().is_some_and(|c| c.region != region) {
-                        if let Some(done) = cur.take() {
-                            self.finish_region(done);
-                        }
-                    }
-                    let c = cur.get_or_insert_with(|| Seen {
-                        region,
-                        lo: rlo,
-                        hi: rhi,
-                        seen: RegionSeen {
-                            min_gain: u8::MAX,
-                            ..RegionSeen::default()
-                        },
-                        cover: Cover::new(region),
-                        ..Seen::default()
-                    });
-                    let (plo, phi) = (lo.max(rlo), hi.min(rhi));
-                    if let Some(fraction) = access_fraction(a) {
-                        c.cover.add(phi - plo, fraction, a.hits.min(a.samples));
-                    }
-                    c.covered += phi - plo;
-                    c.seen.min_gain = c.seen.min_gain.min(gain);
-                    c.seen.max_gain = c.seen.max_gain.max(gain);
-                    c.seen.full_gain = c.seen.full_gain.max(full);
-                    // Pages are 4 KiB from the region's start (regions start on 2 MiB).
-                    let first = usize::try_from((plo - rlo) / 4096).unwrap_or(0);
-                    let last = usize::try_from((phi - rlo).div_ceil(4096)).unwrap_or(0);
-                    c.pieces.push((first, last, gain));
-                }
-            }
-            outside = outside.saturating_add(a.len.saturating_sub(covered));
-        }
-        if let Some(done) = cur.take() {
-            self.finish_region(done);
-        }
+        // The walk reads the spans, the fold writes records and detail.
+        let spans = std::mem::take(&mut self.spans);
+        let outside = walk_regions(&spans, self.shift, reports, true, |c| {
+            self.finish_region(c);
+        });
+        self.spans = spans;
         outside
+    }
+
+    /// Hybrid tracking: the regions `reports` would split if no huge page mapped them (whole
+    /// regions seen mixed, not split yet), sorted, into `out` (cleared first; empty without
+    /// hybrid tracking). What maps them is worth reading before [`Self::observe`]: the
+    /// store does not split a region [`Self::set_huge`] says a huge page maps.
+    pub fn split_candidates(&self, reports: &[RegionAccess], out: &mut Vec<u32>) {
+        out.clear();
+        let Some(d) = self.detail.as_ref() else {
+            return;
+        };
+        walk_regions(&self.spans, self.shift, reports, false, |c| {
+            if d.slot(c.region).is_none() && c.splits(self.granule_bytes) {
+                out.extend(u32::try_from(c.region).ok());
+            }
+        });
+        out.sort_unstable();
+        out.dedup();
     }
 
     /// Folds one region's pieces of this tick into its record and detail; splits it if it
@@ -1048,11 +1118,11 @@ impl HotnessStore {
         let Some(d) = self.detail.as_mut() else {
             return;
         };
-        c.seen.covered = c.covered >= c.hi - c.lo;
-        let whole = c.hi - c.lo == self.granule_bytes;
         let slot = match d.slot(c.region) {
             Some(s) => Some(s),
-            None if whole && c.seen.mixed() && !d.is_huge(c.region) => d.split(c.region, before),
+            None if c.splits(self.granule_bytes) && !d.is_huge(c.region) => {
+                d.split(c.region, before)
+            }
             None => None,
         };
         let Some(slot) = slot else {
@@ -1823,21 +1893,82 @@ mod tests {
             (HostVirtAddr::new(A + m2), m2 + 4096),
             (HostVirtAddr::new(A - m2), m2), // outside guest RAM: ignored
         ];
-        assert_eq!(s.set_huge(&runs), vec![Granule(0)]);
+        let all = [(HostVirtAddr::new(A), 4 * m2)];
+        let split_now = |s: &HotnessStore| -> Vec<bool> {
+            (0..4).map(|g| s.detail(Granule(g)).is_some()).collect()
+        };
+        let mut cands = Vec::new();
+        s.split_candidates(&reports, &mut cands);
+        assert_eq!(cands, vec![1, 2, 3], "r0 is split already");
+        assert_eq!(s.set_huge(&all, &runs), vec![Granule(0)]);
         assert!(s.detail(Granule(0)).is_none());
         assert!(!s.records()[0].is_fast(), "merged on its majority tier");
         s.tick();
         s.observe(&reports);
-        let split: Vec<bool> = (0..4).map(|g| s.detail(Granule(g)).is_some()).collect();
-        assert_eq!(split, vec![false, false, false, true]);
-        // The huge pages went away (split by the kernel): every region may split again.
-        assert!(s.set_huge(&[]).is_empty());
+        assert_eq!(split_now(&s), vec![false, false, false, true]);
+        // A read of nothing changes nothing; a read of r1 and r2 that finds no huge page
+        // (the kernel split them) lets them split again, r0 stays whole.
+        assert!(s.set_huge(&[], &[]).is_empty());
         s.tick();
         s.observe(&reports);
-        assert_eq!(s.detail_stats().split, 4);
+        assert_eq!(split_now(&s), vec![false, false, false, true]);
+        assert!(s
+            .set_huge(&[(HostVirtAddr::new(A + m2), 2 * m2)], &[])
+            .is_empty());
+        s.tick();
+        s.observe(&reports);
+        assert_eq!(split_now(&s), vec![false, true, true, true]);
+        s.split_candidates(&reports, &mut cands);
+        assert_eq!(cands, vec![0], "the only whole one seen mixed");
         // Without hybrid tracking there is nothing to do.
         let mut plain = store(&[(0, A, 4 * m2)], m2);
-        assert!(plain.set_huge(&runs).is_empty());
+        assert!(plain.set_huge(&all, &runs).is_empty());
+        plain.split_candidates(&reports, &mut cands);
+        assert!(cands.is_empty());
+    }
+
+    #[test]
+    fn split_candidates_are_the_regions_observe_splits() {
+        // Random DAMON-like ticks over 64 regions (reports of 1..=1536 pages in address
+        // order, gains 0..=20, some leaving gaps): the regions `split_candidates` names,
+        // which reads only the regions where a report starts or ends, are the ones the fold
+        // then splits (cap 100 %, no huge page), tick after tick.
+        let mut x = 0x9e37_79b9_7f4a_7c15_u64;
+        let mut next = |n: u64| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x % n
+        };
+        let mut s = hybrid(64, 100);
+        let end = A + (64 << 21);
+        let mut seen = 0;
+        for tick in 0..40 {
+            let mut reports = Vec::new();
+            let mut at = A;
+            while at < end {
+                let len = ((1 + next(1536)) * 4096).min(end - at);
+                if next(8) != 0 {
+                    reports.push(acc(at, len, u32::try_from(next(21)).unwrap()));
+                }
+                at += len;
+            }
+            let mut cands = Vec::new();
+            s.split_candidates(&reports, &mut cands);
+            s.tick();
+            s.observe(&reports);
+            let split: Vec<u32> = (0..64u32)
+                .filter(|&g| s.detail(Granule(g)).is_some())
+                .collect();
+            assert_eq!(cands, split, "tick {tick}");
+            seen += cands.len();
+            // Every region whole again for the next tick: a read that finds huge pages
+            // everywhere merges them, one that finds none lets them split.
+            let ram = [(HostVirtAddr::new(A), 64 << 21)];
+            assert_eq!(s.set_huge(&ram, &ram).len(), split.len());
+            assert!(s.set_huge(&ram, &[]).is_empty());
+        }
+        assert!((200..2000).contains(&seen), "{seen} splits in 40 ticks");
     }
 
     #[test]
