@@ -49,6 +49,11 @@ pub const MAX_PENDING_REPLY_BYTES: usize = 4096;
 pub const MIN_BACKOFF: Duration = Duration::from_millis(250);
 /// Longest reconnect delay.
 pub const MAX_BACKOFF: Duration = Duration::from_secs(8);
+/// HINTS before a connection's first HELLO or BYE are excused this long after vmtierd
+/// connects: the tail of a batch whose HELLO went out before, until the guest sees the host
+/// open its port and says HELLO (the vmtier agent at once, retrying every 2 s; the workload
+/// guest before every batch). A guest sending HINTS without a HELLO after it is flagged.
+pub const AT_CONNECT_GRACE: Duration = Duration::from_secs(10);
 /// A VM stays flagged misbehaving this long after its last protocol violation.
 pub const MISBEHAVING_FOR: Duration = Duration::from_secs(60);
 /// Full trust in a source (trust is in 1/256ths).
@@ -184,11 +189,23 @@ pub struct HintChannel {
     last_error: Option<String>,
     last_error_log: Option<Instant>,
     read_buf: Box<[u8]>,
-    /// Whether a frame (good or bad, not garbage) was seen on this connection.
-    synced: bool,
-    /// Whether a HELLO or BYE was seen on this connection: HINTS before one are the tail of
-    /// a batch whose HELLO went out before vmtierd connected, not a violation.
-    greeted: bool,
+    /// How far into the guest's stream this connection has seen, and since when it is up.
+    joined: Joined,
+    connected_at: Instant,
+}
+
+/// How far into the guest's frame stream a connection has seen. vmtierd may connect in the
+/// middle of it: what comes before the first frame, and HINTS before the first HELLO or BYE,
+/// are the tail of what the guest sent before, not violations (counted apart).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+enum Joined {
+    /// No frame yet: bytes are the tail of a frame sent before vmtierd connected.
+    Bytes,
+    /// A frame (good or bad), but no HELLO or BYE: HINTS are the tail of a batch whose HELLO
+    /// went out before vmtierd connected, for [`AT_CONNECT_GRACE`].
+    Frames,
+    /// A HELLO or BYE: every frame counts.
+    Session,
 }
 
 impl HintChannel {
@@ -217,8 +234,8 @@ impl HintChannel {
             last_error: None,
             last_error_log: None,
             read_buf: vec![0u8; 16 << 10].into_boxed_slice(),
-            synced: false,
-            greeted: false,
+            joined: Joined::Bytes,
+            connected_at: now,
         }
     }
 
@@ -243,8 +260,8 @@ impl HintChannel {
                 self.counters.connects += 1;
                 self.last_error = None;
                 self.conn = Conn::Up(s);
-                self.synced = false;
-                self.greeted = false;
+                self.joined = Joined::Bytes;
+                self.connected_at = now;
             }
             Err(e) => {
                 self.counters.connect_errors += 1;
@@ -388,12 +405,12 @@ impl HintChannel {
             match next {
                 None => return,
                 Some(Ok(f)) => {
-                    self.synced = true;
-                    self.frame(f, layout);
+                    self.joined = self.joined.max(Joined::Frames);
+                    self.frame(f, layout, now);
                 }
                 Some(Err(e)) => {
                     if !matches!(e, DecodeError::Garbage { .. }) {
-                        self.synced = true;
+                        self.joined = self.joined.max(Joined::Frames);
                     }
                     self.dropped(e, now);
                 }
@@ -406,7 +423,7 @@ impl HintChannel {
         match e {
             DecodeError::Garbage { bytes } => {
                 c.garbage_bytes += bytes as u64;
-                if !self.synced {
+                if self.joined == Joined::Bytes {
                     c.resync_bytes += bytes as u64;
                 }
             }
@@ -436,10 +453,10 @@ impl HintChannel {
         }
     }
 
-    fn frame(&mut self, f: Frame, layout: &GuestMemoryLayout) {
+    fn frame(&mut self, f: Frame, layout: &GuestMemoryLayout, now: Instant) {
         match f.body {
             Body::Hello(h) => {
-                self.greeted = true;
+                self.joined = Joined::Session;
                 self.agent = h.name_lossy();
                 match h.negotiate(proto::HOST_MIN_VERSION, proto::HOST_MAX_VERSION) {
                     Some(v) => {
@@ -471,7 +488,8 @@ impl HintChannel {
             Body::Hints(h) => {
                 let Some(version) = self.session.version else {
                     self.counters.dropped_before_hello += 1;
-                    if !self.greeted {
+                    let young = now.saturating_duration_since(self.connected_at) < AT_CONNECT_GRACE;
+                    if self.joined < Joined::Session && young {
                         self.counters.resync_before_hello += 1;
                     }
                     return;
@@ -495,7 +513,7 @@ impl HintChannel {
                 }));
             }
             Body::Bye(_) => {
-                self.greeted = true;
+                self.joined = Joined::Session;
                 self.counters.frames_ok += 1;
                 self.session = Session::default();
             }
@@ -1324,6 +1342,32 @@ mod tests {
             assert_eq!(v.is_some(), !quiet.contains(&name), "{name}: {v:?}");
             assert!(ch.take_violations().is_none(), "{name}: reported twice");
         }
+    }
+
+    #[test]
+    fn hints_without_a_hello_are_excused_only_at_connect() {
+        // vmtierd connects mid-batch: HINTS before the connection's first HELLO are dropped
+        // and excused for AT_CONNECT_GRACE; a guest still sending HINTS without one after
+        // it is flagged. (seconds after connect, violation)
+        let (mut g, mut ch) = guest("no-hello");
+        let l = layout();
+        let t0 = Instant::now();
+        ch.poll(&l, t0);
+        for (seq, (secs, flagged)) in [(1u64, false), (9, false), (11, true), (30, true)]
+            .into_iter()
+            .enumerate()
+        {
+            let seq = u32::try_from(seq).unwrap() + 1;
+            g.send(&hints(seq, 1, vec![raw(0, 4096, 1)]));
+            ch.poll(&l, t0 + Duration::from_secs(secs));
+            let v = ch.take_violations();
+            assert_eq!(v.is_some(), flagged, "{secs} s: {v:?}");
+            if flagged {
+                assert!(v.unwrap().contains("1 before HELLO"));
+            }
+        }
+        let c = ch.status().counters;
+        assert_eq!((c.dropped_before_hello, c.resync_before_hello), (4, 2));
     }
 
     #[test]
