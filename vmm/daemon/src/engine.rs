@@ -1349,14 +1349,9 @@ const HUGE_READ_GAP: usize = 4;
 /// granules. `wanted` yields granule indices in ascending order.
 fn huge_stale(
     cfg: &EngineConfig,
-    vm: &mut Vm,
+    vm: &Vm,
     wanted: impl Iterator<Item = usize>,
 ) -> Vec<(usize, usize)> {
-    let n = vm.store.len();
-    if vm.huge_read.len() != n {
-        vm.huge_read.clear();
-        vm.huge_read.resize(n, 0);
-    }
     // An entry read at tick t is fresh while t > tick - refresh_ticks.
     let fresh_from = match cfg.refresh_ticks {
         0 => 1,
@@ -1407,6 +1402,11 @@ fn read_huge(
 ) -> Result<(), Lost> {
     if want.is_empty() && vm.huge_granules.is_some() {
         return Ok(());
+    }
+    let n = vm.store.len();
+    if vm.huge_read.len() != n {
+        vm.huge_read.clear();
+        vm.huge_read.resize(n, 0);
     }
     // Host memory ranges: granules next in index but not in host memory (two RAM ranges)
     // are read apart.
