@@ -3325,15 +3325,16 @@ mod tests {
     fn the_huge_page_map_is_read_only_for_a_policy_that_uses_it() {
         // A 16 MiB hot set under a 64 MiB budget, 8 ticks. The default policy reads the map
         // where one tick's heat cannot pay back a move (2 MiB granules; any granule from
-        // soft-dirty, 1 sample a tick); at 64 KiB from DAMON it does not, nor does a policy
-        // that never looks at it. (policy, granule, samples a tick) -> map read
+        // soft-dirty, 1 sample a tick); at 64 KiB from DAMON it does not, nor do the other
+        // policies vmtierd runs, which never look at it. (policy, granule, samples a tick) ->
+        // map read
         let cases = [
             ("default", 2 * MIB, 20, true),
             ("default", 64 * 1024, 20, false),
             ("default", 64 * 1024, 1, true),
             ("default", 4096, 1, true),
-            ("memtis", 2 * MIB, 20, false),
-            ("tpp", 2 * MIB, 20, false),
+            ("memtierd", 2 * MIB, 20, false),
+            ("first-touch", 2 * MIB, 20, false),
         ];
         for (policy, granule, samples, read) in cases {
             let w = world(256 * MIB);
