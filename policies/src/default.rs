@@ -13,15 +13,15 @@
 //! moves them (two ticks suffice where base pages alone map a granule, or at full gain); and
 //! residents in the budget-sized hot bin (Memtis) are never swap victims.
 //!
-//! Where one tick does pay back a move, it keeps free DRAM for the memory the guest starts
+//! Where one tick does pay back a move, it can keep free DRAM for the memory the guest starts
 //! using, as much as the new granules of the last two ticks proved worth by the swap rule
-//! (room for arrivals, [`Config::room_for_arrivals`]; TPP's free headroom for new
-//! allocations, sized by what they turned out to be worth).
+//! (room for arrivals, [`Config::room_for_arrivals`], off by default; TPP's free headroom
+//! for new allocations, sized by what they turned out to be worth).
 //!
 //! Its input is the engine's one-byte [`HeatRecord`] per granule; of its own it keeps the
 //! two previous ticks' heat where the payback rule applies (2 bytes per granule, none at
-//! 4 KiB), and elsewhere a bit per granule (seen yet or not) and last tick's first
-//! sightings for the room for arrivals.
+//! 4 KiB), and, with the room for arrivals, a bit per granule (seen yet or not) and last
+//! tick's first sightings where one tick pays back a move.
 //! Planning is two linear passes plus O(32) arithmetic ([`crate::select`]). Guest hints, when present, rank the hinted granules: a hot hint
 //! raises the heat to `hot_hint_heat` (a pinned one to the maximum) scaled by the hint's
 //! weight, a cold or free one clears it; and whatever the policy demotes, free-hinted granules
@@ -99,8 +99,9 @@ pub struct Config {
     /// leave; of that, up to twice what arrivals took of the room last tick, plus one, goes
     /// before swaps (landing in free DRAM costs an arrival no move, a swap costs two). Only
     /// where one tick of heat pays back a move and can reach the worthy heat (not 2 MiB
-    /// granules, not soft-dirty's 3 a tick). Costs 1 bit per granule. Default `true` since
-    /// 2026-11-29 (docs/policies.md, "Room for arrivals").
+    /// granules, not soft-dirty's 3 a tick). Costs 1 bit per granule. Default `false`: over
+    /// the suite it lifts GC-like loads (py-gc) a point and costs the traffic target two
+    /// cases (docs/policies.md, "Room for arrivals").
     pub room_for_arrivals: bool,
 }
 
@@ -115,7 +116,7 @@ impl Default for Config {
             headroom_permille: 0,
             sustained_heat: true,
             displace_by_worth: false,
-            room_for_arrivals: true,
+            room_for_arrivals: false,
         }
     }
 }
