@@ -13,9 +13,15 @@
 //! moves them (two ticks suffice where base pages alone map a granule, or at full gain); and
 //! residents in the budget-sized hot bin (Memtis) are never swap victims.
 //!
+//! Where one tick does pay back a move, it can keep free DRAM for the memory the guest starts
+//! using, as much as the new granules of the last two ticks proved worth by the swap rule
+//! (room for arrivals, [`Config::room_for_arrivals`], off by default; TPP's free headroom
+//! for new allocations, sized by what they turned out to be worth).
+//!
 //! Its input is the engine's one-byte [`HeatRecord`] per granule; of its own it keeps the
 //! two previous ticks' heat where the payback rule applies (2 bytes per granule, none at
-//! 4 KiB).
+//! 4 KiB), and, with the room for arrivals, a bit per granule (seen yet or not) and last
+//! tick's first sightings where one tick pays back a move.
 //! Planning is two linear passes plus O(32) arithmetic ([`crate::select`]). Guest hints, when present, rank the hinted granules: a hot hint
 //! raises the heat to `hot_hint_heat` (a pinned one to the maximum) scaled by the hint's
 //! weight, a cold or free one clears it; and whatever the policy demotes, free-hinted granules
@@ -84,6 +90,19 @@ pub struct Config {
     /// Default `false` (the fixed margin everywhere): over the suite it trades zipf-like
     /// loads for phased ones (docs/policies.md, "Displacement by worth").
     pub displace_by_worth: bool,
+    /// Room for arrivals: keep free DRAM for memory the guest starts using, as much as last
+    /// tick's or the tick before's new granules proved worth. A granule seen
+    /// for the first time is an *arrival*; one that the next tick reads again at a heat that
+    /// would displace a resident seen in no recent tick (`swap_margin` above heat 0, and at
+    /// least `promote_min_heat`) is *worthy*. The policy keeps that many granules free, at
+    /// most a tick's moves, by demoting settled residents at heat 0 with the moves swaps
+    /// leave; of that, up to twice what arrivals took of the room last tick, plus one, goes
+    /// before swaps (landing in free DRAM costs an arrival no move, a swap costs two). Only
+    /// where one tick of heat pays back a move and can reach the worthy heat (not 2 MiB
+    /// granules, not soft-dirty's 3 a tick). Costs 1 bit per granule. Default `false`: over
+    /// the suite it lifts GC-like loads (py-gc) a point and costs the traffic target two
+    /// cases (docs/policies.md, "Room for arrivals").
+    pub room_for_arrivals: bool,
 }
 
 impl Default for Config {
@@ -97,6 +116,7 @@ impl Default for Config {
             headroom_permille: 0,
             sustained_heat: true,
             displace_by_worth: false,
+            room_for_arrivals: false,
         }
     }
 }
@@ -117,6 +137,114 @@ impl Config {
 pub struct DefaultPolicy {
     cfg: Config,
     history: History,
+    arrivals: Arrivals,
+}
+
+/// What the room-for-arrivals rule ([`Config::room_for_arrivals`]) keeps: which granules were
+/// ever seen (1 bit each), the granules first seen last tick with their heat then, last
+/// tick's count of worthy arrivals, and the fast granules the last plan left.
+///
+/// TPP (ASPLOS'23) keeps free room in the fast tier because new allocations tend to be hot;
+/// a fixed room costs where they are not (zipf tails, scans: `headroom_permille`), so here
+/// the room is what the guest's new granules of the last two ticks proved worth by the swap
+/// rule, and 0 while it starts using none or only cold ones.
+#[derive(Clone, Debug, Default)]
+struct Arrivals {
+    /// Bit per granule: seen (heat above 0) or in DRAM since the policy started.
+    seen: Vec<u64>,
+    /// Granules (index, heat) first seen last tick.
+    last: Vec<(u32, u8)>,
+    /// Worthy arrivals counted last tick.
+    worthy_prev: u64,
+    /// Fast granules after the last plan, if it was the tick before.
+    expect_fast: Option<u64>,
+    /// Fast granules now (set by [`Self::update`]).
+    fast_now: u64,
+    /// Granules tracked, and the tick of the last update.
+    len: usize,
+    tick: Option<u64>,
+}
+
+impl Arrivals {
+    fn is_seen(&self, i: usize) -> bool {
+        self.seen
+            .get(i / 64)
+            .is_some_and(|w| (w >> (i % 64)) & 1 == 1)
+    }
+
+    fn set_seen(&mut self, i: usize) {
+        if let Some(w) = self.seen.get_mut(i / 64) {
+            *w |= 1 << (i % 64);
+        }
+    }
+
+    /// This tick's room and the part of it to make before swaps, `(room, room_first)`, for
+    /// arrivals worthy at `worthy_heat`; records this tick's arrivals.
+    fn update(&mut self, input: &PolicyInput<'_>, worthy_heat: u8) -> (u64, u64) {
+        let r = input.records;
+        self.fast_now = r.iter().filter(|x| x.is_fast()).count() as u64;
+        let follows = self.tick.and_then(|t| t.checked_add(1)) == Some(input.tick);
+        self.tick = Some(input.tick);
+        if !follows || self.len != r.len() {
+            // Start (or a gap): what is seen or resident now is not new.
+            self.len = r.len();
+            self.seen = vec![0; r.len().div_ceil(64)];
+            for (i, x) in r.iter().enumerate() {
+                if x.heat() > 0 || x.is_fast() {
+                    self.set_seen(i);
+                }
+            }
+            self.last.clear();
+            self.worthy_prev = 0;
+            self.expect_fast = None;
+            return (0, 0);
+        }
+        // Last tick's arrivals read again this tick (heat above its halving) and as hot as a
+        // granule must be to displace a resident at heat 0.
+        let worthy = self
+            .last
+            .iter()
+            .filter(|&&(i, then)| {
+                let now = r.get(i as usize).map_or(0, |x| x.heat());
+                now > then / 2 && now >= worthy_heat
+            })
+            .count() as u64;
+        self.last.clear();
+        for (i, x) in r.iter().enumerate() {
+            if x.heat() > 0 && !self.is_seen(i) {
+                self.set_seen(i);
+                // i < records.len(), which granule numbers (u32) index.
+                self.last
+                    .push((u32::try_from(i).unwrap_or(u32::MAX), x.heat()));
+            }
+        }
+        if self.last.capacity() > self.last.len().saturating_mul(4).saturating_add(64) {
+            // A burst of first sightings (the guest's start) need not stay allocated.
+            self.last.shrink_to(self.last.len().saturating_mul(2));
+        }
+        let room = worthy.max(self.worthy_prev).min(input.max_moves);
+        self.worthy_prev = worthy;
+        // What the guest's first touches took of the room since the last plan.
+        let landed = self
+            .expect_fast
+            .map_or(0, |e| self.fast_now.saturating_sub(e));
+        (room, room.min(landed.saturating_mul(2).saturating_add(1)))
+    }
+
+    /// Notes the fast granules `plan` leaves.
+    fn planned(&mut self, plan: &Plan) {
+        let after = self.fast_now.saturating_add(plan.promote.len() as u64);
+        self.expect_fast = Some(after.saturating_sub(plan.demote.len() as u64));
+    }
+
+    fn clear(&mut self) {
+        *self = Self::default();
+    }
+
+    fn bytes(&self) -> u64 {
+        let pairs = self.last.capacity() * std::mem::size_of::<(u32, u8)>();
+        (self.seen.capacity() * 8 + pairs) as u64
+    }
 }
 
 impl DefaultPolicy {
@@ -125,6 +253,7 @@ impl DefaultPolicy {
         Self {
             cfg,
             history: History::default(),
+            arrivals: Arrivals::default(),
         }
     }
 }
@@ -254,7 +383,20 @@ impl PlacementPolicy for DefaultPolicy {
             // 4 KiB one, and there the fixed margin keeps lukewarm noise from churning.
             by_worth: self.cfg.displace_by_worth
                 && payback::one_tick_pays(input, self.cfg.promote_min_heat),
+            room: 0,
+            room_first: 0,
         };
+        // Room for arrivals: where one tick pays back a move and can show a new granule
+        // worth a place (soft-dirty's 3 a tick cannot reach the margin over heat 0).
+        let worthy_heat = rules.margin.max(rules.min_promote);
+        let arrivals = self.cfg.room_for_arrivals
+            && payback::one_tick_pays(input, self.cfg.promote_min_heat)
+            && input.max_gain >= worthy_heat;
+        if arrivals {
+            (rules.room, rules.room_first) = self.arrivals.update(input, worthy_heat);
+        } else {
+            self.arrivals.clear();
+        }
         // Where one tick cannot pay back a move, slow granules rank by the heat they
         // sustained over three ticks, or two (crate::payback); the two previous ticks' heats
         // are kept.
@@ -302,11 +444,14 @@ impl PlacementPolicy for DefaultPolicy {
         if needs {
             self.history.remember(input);
         }
+        if arrivals {
+            self.arrivals.planned(&plan);
+        }
         plan
     }
 
     fn state_bytes(&self) -> u64 {
-        self.history.bytes()
+        self.history.bytes() + self.arrivals.bytes()
     }
 
     /// Where a promotion waits for sustained heat: there base pages alone mapping a granule
@@ -1031,6 +1176,168 @@ mod tests {
                 let fast = r.iter().filter(|r| r.is_fast()).count() as u64;
                 assert!(fast <= cut, "cut to {cut}: {fast} fast at tick {t}");
             }
+        }
+    }
+
+    #[test]
+    fn room_for_arrivals_table() {
+        use Tier::{Fast as F, Slow as S};
+        let s = HeatRecord::SETTLED;
+        // Four residents seen in no recent tick (0..=3) fill a budget of 4; granules 4 and 5
+        // are first seen at tick 1 (heat 5: below the swap margin over heat 0, so no swap),
+        // and at tick 2 read at `again`. Granules 6 and 7 are never seen. Tick 2's plan:
+        // (name, room for arrivals, granule bytes, max gain, heat of 4 and 5 at tick 2,
+        // promoted, demoted).
+        let cases: Vec<(&str, bool, u64, u8, u8, Vec<u32>, Vec<u32>)> = vec![
+            (
+                "read again at the worthy heat: two swaps and room for two more arrivals",
+                true,
+                4096,
+                16,
+                10,
+                vec![4, 5],
+                vec![0, 1, 2, 3],
+            ),
+            (
+                "without the rule the swaps alone",
+                false,
+                4096,
+                16,
+                10,
+                vec![4, 5],
+                vec![0, 1],
+            ),
+            (
+                "read again exactly at the worthy heat (8 = 0 + swap_margin)",
+                true,
+                4096,
+                16,
+                8,
+                vec![4, 5],
+                vec![0, 1, 2, 3],
+            ),
+            (
+                "read again below it: no swap, no room",
+                true,
+                4096,
+                16,
+                7,
+                vec![],
+                vec![],
+            ),
+            (
+                "not read again (heat only halved): no room",
+                true,
+                4096,
+                16,
+                2,
+                vec![],
+                vec![],
+            ),
+            (
+                "2 MiB granules (one tick does not pay back a move): no room",
+                true,
+                MIB2,
+                16,
+                10,
+                vec![],
+                vec![],
+            ),
+            (
+                "soft-dirty's range (3 a tick): no room (nor a swap on one tick's heat)",
+                true,
+                4096,
+                3,
+                10,
+                vec![],
+                vec![],
+            ),
+        ];
+        for (name, on, bytes, max_gain, again, promote, demote) in cases {
+            let mut p = DefaultPolicy::new(Config {
+                room_for_arrivals: on,
+                ..Config::default()
+            });
+            let mut plan = Plan::default();
+            for (t, heat) in (0u64..).zip([0, 5, again]) {
+                let r: Vec<_> = (0..8usize)
+                    .map(|i| match i {
+                        0..=3 => HeatRecord::new(0, F, s),
+                        4 | 5 => HeatRecord::new(heat, S, s),
+                        _ => HeatRecord::new(0, S, s),
+                    })
+                    .collect();
+                let mut input = PolicyInput::from_records(t, bytes, &r, 4, 10);
+                input.max_gain = max_gain;
+                plan = p.plan(&input);
+            }
+            let ids = |v: &[Granule]| v.iter().map(|g| g.0).collect::<Vec<_>>();
+            assert_eq!(
+                (ids(&plan.promote), ids(&plan.demote)),
+                (promote, demote),
+                "{name}"
+            );
+        }
+    }
+
+    #[test]
+    fn room_is_made_before_swaps_as_arrivals_take_it() {
+        // A guest that starts using four new granules a tick while DRAM (16 granules) is full
+        // of residents seen in no recent tick; first touches land in free DRAM, as the engine
+        // places them, and the move limit (4) is spent on swaps. Where the new granules stay
+        // in use, the rule serves more of them from DRAM with fewer moves (room made before
+        // swaps grows with what arrivals took of it); where each is used only on the tick it
+        // arrives, it makes no room: the same moves as without it.
+        // (room for arrivals, new granules stay in use) -> (in-use new granules found in
+        // DRAM summed over the 8 ticks, moves)
+        for (on, hot, want) in [
+            (false, true, (56usize, 32usize)),
+            (true, true, (71, 28)),
+            (false, false, (0, 32)),
+            (true, false, (0, 32)),
+        ] {
+            let mut p = DefaultPolicy::new(Config {
+                room_for_arrivals: on,
+                ..Config::default()
+            });
+            let budget = 16u64;
+            let mut r: Vec<_> = (0..64u64)
+                .map(|i| {
+                    let t = if i < budget { Tier::Fast } else { Tier::Slow };
+                    HeatRecord::new(0, t, HeatRecord::SETTLED)
+                })
+                .collect();
+            let mut touched = vec![false; r.len()];
+            touched[..16].fill(true);
+            let (mut served, mut moves) = (0usize, 0usize);
+            for t in 0..8usize {
+                let end = 20 + 4 * t;
+                for i in end - 4..end {
+                    let fast = r.iter().filter(|x| x.is_fast()).count() as u64;
+                    if !touched[i] && fast < budget {
+                        r[i] = HeatRecord::new(0, Tier::Fast, HeatRecord::SETTLED);
+                    }
+                    touched[i] = true;
+                }
+                let from = if hot { 16 } else { end - 4 };
+                served += r[from..end].iter().filter(|x| x.is_fast()).count();
+                for (i, rec) in r.iter_mut().enumerate() {
+                    *rec = rec.aged().cooled();
+                    if (from..end).contains(&i) {
+                        *rec = rec.observed(16);
+                    }
+                }
+                let input = PolicyInput::from_records(t as u64, 4096, &r, budget, 4);
+                let e = p.plan(&input).enforce(&r, budget, 4);
+                moves += e.promote.len() + e.demote.len();
+                for g in &e.demote {
+                    r[g.index()] = r[g.index()].moved_to(Tier::Slow);
+                }
+                for g in &e.promote {
+                    r[g.index()] = r[g.index()].moved_to(Tier::Fast);
+                }
+            }
+            assert_eq!((served, moves), want, "room for arrivals {on}, hot {hot}");
         }
     }
 }

@@ -71,6 +71,8 @@ impl PlacementPolicy for HeatClasses {
             min_move_age: 0,
             headroom: 0,
             by_worth: false,
+            room: 0,
+            room_first: 0,
         };
         let _ = TrackingSource::AbitScan;
         select::plan_by_key(&limited, &rules, class)

@@ -89,6 +89,8 @@ impl PlacementPolicy for Memtis {
             min_move_age: 0,
             headroom: 0,
             by_worth: false,
+            room: 0,
+            room_first: 0,
         };
         let counts = &self.counts;
         select::plan_by_key(input, &rules, |i, _| bin(counts[i]))

@@ -48,6 +48,14 @@ pub struct Rules {
     /// now ([`worth_margin`]), so a resident that went cold is displaced by any slow granule
     /// at or above `min_promote`, while a steadily hot one keeps the full `margin`.
     pub by_worth: bool,
+    /// Free granules to keep for memory the guest starts using, made by demoting settled
+    /// fast granules of bucket 0 (seen in no recent tick) with the moves left over after
+    /// swaps; 0 = none (the default policy's room for arrivals, [`crate::default`]).
+    pub room: u64,
+    /// How much of [`Self::room`] is made before swaps, with moves a swap would use: a
+    /// granule that lands in free DRAM costs one move (the demotion that made the room), a
+    /// swap two.
+    pub room_first: u64,
 }
 
 /// The margin a slow granule needs over a resident granule whose key is `resident`, when
@@ -146,6 +154,14 @@ pub fn quotas(h: &Histogram, budget: u64, max_moves: u64, rules: &Rules) -> Quot
         free -= t;
         moves -= t;
     }
+    // Room for arrivals, the part made before swaps.
+    let room_below = below.min(1);
+    let after = fast.saturating_add(q.promote.iter().sum());
+    let need = rules
+        .room
+        .saturating_sub(budget.saturating_sub(after))
+        .min(rules.room_first);
+    make_room(&mut q, &mut fast_rem, room_below, need, &mut moves);
     let margin = |bf: usize| -> usize {
         let m = rules.margin.max(1);
         if rules.by_worth {
@@ -199,7 +215,32 @@ pub fn quotas(h: &Histogram, budget: u64, max_moves: u64, rules: &Rules) -> Quot
         need -= t;
         moves -= t;
     }
+    // The rest of the room for arrivals, with the moves left.
+    let promoted: u64 = q.promote.iter().sum();
+    let demoted: u64 = q.demote.iter().sum();
+    let after = fast.saturating_add(promoted).saturating_sub(demoted);
+    let need = rules.room.saturating_sub(budget.saturating_sub(after));
+    make_room(&mut q, &mut fast_rem, room_below, need, &mut moves);
     q
+}
+
+/// Demotes up to `need` movable fast granules of the buckets below `below`, coldest first,
+/// within `moves`.
+fn make_room(
+    q: &mut Quotas,
+    fast_rem: &mut [u64; BUCKETS],
+    below: usize,
+    mut need: u64,
+    moves: &mut u64,
+) {
+    let below = below.min(BUCKETS);
+    for (d, f) in q.demote[..below].iter_mut().zip(&mut fast_rem[..below]) {
+        let t = (*f).min(need).min(*moves);
+        *d += t;
+        *f -= t;
+        need -= t;
+        *moves -= t;
+    }
 }
 
 /// One pass over the records that takes granules bucket by bucket, in address order within a
@@ -305,6 +346,8 @@ mod tests {
         min_move_age: 3,
         headroom: 0,
         by_worth: false,
+        room: 0,
+        room_first: 0,
     };
 
     #[test]
