@@ -335,6 +335,8 @@ struct Vm {
     huge_read: Vec<u64>,
     /// Scratch of [`read_huge`] and [`read_huge_splits`].
     huge_scratch: Vec<u32>,
+    /// The tick a read of the huge page map last failed in.
+    huge_failed_at: Option<u64>,
 }
 
 /// The granules a VM's pins cover in its current store, sorted.
@@ -580,6 +582,7 @@ impl Engine {
             huge_granules: None,
             huge_read: Vec::new(),
             huge_scratch: Vec::new(),
+            huge_failed_at: None,
             retries: BTreeMap::new(),
             slow_tick_logged: None,
             rate_limit: None,
@@ -1037,8 +1040,7 @@ fn touch_up(
     };
     let (mut trims, mut promote) = (of(Step::Trim), of(Step::Promote));
     let (trim_own, promote_own) = (own(Step::Trim), own(Step::Promote));
-    drop_collapsed(cfg, locator, vm, &mut trims)?;
-    drop_collapsed(cfg, locator, vm, &mut promote)?;
+    drop_collapsed(cfg, locator, vm, &mut [&mut trims, &mut promote])?;
     let hm = (hot_min, &trim_own[..]);
     move_granules(cfg, migrator, vm, &trims, Step::Trim, hm, deadline)?;
     let hm = (hot_min, &promote_own[..]);
@@ -1426,7 +1428,12 @@ fn read_huge(
     let name = vm.name.to_string();
     vm.huge_runs.clear();
     match locator.huge_runs(vm.layout.pid, &ranges, &mut vm.huge_runs) {
-        Ok(true) => vm.problems.clear(&name, Component::HugeMap),
+        // A read that failed earlier in the tick stays shown to its end.
+        Ok(true) if vm.huge_failed_at != Some(vm.tick) => {
+            vm.problems.clear(&name, Component::HugeMap);
+            vm.huge_failed_at = None;
+        }
+        Ok(true) => {}
         Ok(false) => {
             vm.huge_granules = None;
             vm.huge_unknown = true;
@@ -1443,6 +1450,7 @@ fn read_huge(
             vm.metrics.source_errors += 1;
             vm.problems.set(&name, Component::HugeMap, err_chain(&e));
             vm.huge_granules = None;
+            vm.huge_failed_at = Some(vm.tick);
             return Ok(());
         }
     }
@@ -1544,19 +1552,20 @@ fn read_huge_candidates(
 /// region's hot pages, a trim of its cold ones), drops those a huge page maps now
 /// (khugepaged collapsed them since they were read): `move_pages(2)` would take all 512
 /// pages and overrun the budget. They are merged ([`read_huge`]) and planned whole from the
-/// next tick. Reads the split ones not read this tick, in one call.
+/// next tick. Reads the split ones of all `lists` not read this tick, in one call.
 fn drop_collapsed(
     cfg: &EngineConfig,
     locator: &mut dyn PageLocator,
     vm: &mut Vm,
-    granules: &mut Vec<Granule>,
+    lists: &mut [&mut Vec<Granule>],
 ) -> Result<(), Lost> {
     if !huge_splits_due(vm) {
         return Ok(());
     }
     let read_now = vm.tick << 1;
-    let mut split: Vec<usize> = granules
+    let mut split: Vec<usize> = lists
         .iter()
+        .flat_map(|l| l.iter())
         .filter(|&&g| vm.store.detail(g).is_some())
         .map(|g| g.index())
         .filter(|&i| vm.huge_read.get(i).map_or(true, |e| e & !1 != read_now))
@@ -1565,11 +1574,15 @@ fn drop_collapsed(
         return Ok(());
     }
     split.sort_unstable();
+    split.dedup();
     let want: Vec<(usize, usize)> = split.iter().map(|&i| (i, i + 1)).collect();
     read_huge(cfg, locator, vm, &want)?;
-    let before = granules.len();
-    granules.retain(|&g| split.binary_search(&g.index()).is_err() || vm.store.detail(g).is_some());
-    vm.metrics.deferred_granules += (before - granules.len()) as u64;
+    for granules in lists.iter_mut() {
+        let before = granules.len();
+        granules
+            .retain(|&g| split.binary_search(&g.index()).is_err() || vm.store.detail(g).is_some());
+        vm.metrics.deferred_granules += (before - granules.len()) as u64;
+    }
     Ok(())
 }
 
@@ -1590,6 +1603,11 @@ fn tick_vm(
     // Every use of the pid below is preceded by this check (the backend holds a pidfd):
     // a pid that now names another process is never observed or migrated.
     alive(vm)?;
+    // A failed read of the huge page map read again since (the map is known) is over.
+    if vm.huge_failed_at.is_some_and(|t| t < vm.tick) && vm.huge_granules.is_some() {
+        vm.huge_failed_at = None;
+        vm.problems.clear(&name, Component::HugeMap);
+    }
     match vm.parts.source.collect(&mut vm.reports) {
         Ok(()) => {
             // Hybrid tracking: the store learns what huge pages map before the reports
@@ -1765,7 +1783,7 @@ fn tick_vm(
         .min(e.promote.len());
     vm.metrics.deferred_granules += (e.promote.len() - n) as u64;
     let mut promote = e.promote[..n].to_vec();
-    drop_collapsed(cfg, locator, vm, &mut promote)?;
+    drop_collapsed(cfg, locator, vm, &mut [&mut promote])?;
     move_granules(
         cfg,
         migrator,
@@ -4322,6 +4340,30 @@ mod tests {
             (4 * 126 + 8, 5),
             "MiB asked and calls"
         );
+    }
+
+    #[test]
+    fn a_failed_huge_map_read_shows_for_its_tick_though_a_later_read_succeeds() {
+        // Hybrid tracking reads twice in a tick (before the reports, after them): the first
+        // fails, the second succeeds. The failure is counted and shown for that tick, and
+        // cleared at the next, whose reads find everything read already.
+        let len = 256 * MIB;
+        let mut hot = vec![(16 * MIB, 8 * MIB, 20)];
+        hot.extend((0..8u64).map(|k| (64 * MIB + k * 4 * MIB + 128 * 1024, 64 * 1024, 20)));
+        let (w, mut e, vm) = hybrid_vm(len, 30, 12 * MIB, &hot);
+        w.lock().unwrap().huge_fail = 1;
+        e.tick();
+        let st = e.status(&vm).unwrap();
+        assert!(
+            st.summary.state.contains("huge page map"),
+            "{}",
+            st.summary.state
+        );
+        assert_eq!(st.metrics.source_errors, 1);
+        assert_eq!(w.lock().unwrap().huge_asked.1, 2, "calls in the tick");
+        e.tick();
+        assert_eq!(w.lock().unwrap().huge_asked.1, 2, "nothing left to read");
+        assert_eq!(e.status(&vm).unwrap().summary.state, "active");
     }
 
     #[test]
