@@ -328,8 +328,10 @@ struct Vm {
     huge_runs: Vec<(HostVirtAddr, u64)>,
     huge_unknown: bool,
     /// The granules huge pages map, sorted, as last read ([`PolicyInput::huge`]); `None`
-    /// until read, after a layout change, or where it cannot be told.
+    /// until read, after a layout change or a failed read, or where it cannot be told.
+    /// Derived from `huge_read` by [`huge_list`], stale while `huge_list_stale`.
     huge_granules: Option<Vec<u32>>,
+    huge_list_stale: bool,
     /// Per granule, when [`read_huge`] last read it and what maps it: `tick << 1 | huge`, 0
     /// never read (8 bytes per granule: 4 MiB for 1 TiB at 2 MiB).
     huge_read: Vec<u64>,
@@ -580,6 +582,7 @@ impl Engine {
             huge_runs: Vec::new(),
             huge_unknown: false,
             huge_granules: None,
+            huge_list_stale: false,
             huge_read: Vec::new(),
             huge_scratch: Vec::new(),
             huge_failed_at: None,
@@ -1367,7 +1370,6 @@ fn huge_stale(
         }
         match want.last_mut() {
             Some(run) if i >= run.1 && i - run.1 <= HUGE_READ_GAP => run.1 = i + 1,
-            Some(run) if i < run.1 => {}
             _ => want.push((i, i + 1)),
         }
     }
@@ -1462,16 +1464,9 @@ fn read_huge(
             *e = tick | u64::from(huge);
         }
     }
-    let mut granules = vm.huge_granules.take().unwrap_or_default();
-    granules.clear();
-    granules.extend(
-        vm.huge_read
-            .iter()
-            .enumerate()
-            .filter(|&(_, &e)| e & 1 == 1)
-            .filter_map(|(g, _)| u32::try_from(g).ok()),
-    );
-    vm.huge_granules = Some(granules);
+    // Known; the list is rebuilt from the record once, when the policy plans.
+    vm.huge_granules.get_or_insert_with(Vec::new);
+    vm.huge_list_stale = true;
     if !vm.store.is_hybrid() {
         return Ok(());
     }
@@ -1508,6 +1503,24 @@ fn read_huge(
         Err(e) => debug!("{name}: locating merged huge regions: {}", err_chain(&e)),
     }
     Ok(())
+}
+
+/// Brings the sorted granules huge pages map (`vm.huge_granules`, as [`PolicyInput::huge`]
+/// takes them) up to date: rebuilt from the read record (O(granules)) once in a tick that
+/// read some, when the policy plans, not at every read.
+fn huge_list(vm: &mut Vm) {
+    if std::mem::take(&mut vm.huge_list_stale) {
+        if let Some(list) = vm.huge_granules.as_mut() {
+            list.clear();
+            list.extend(
+                vm.huge_read
+                    .iter()
+                    .enumerate()
+                    .filter(|&(_, &e)| e & 1 == 1)
+                    .filter_map(|(g, _)| u32::try_from(g).ok()),
+            );
+        }
+    }
 }
 
 /// Hybrid tracking, before the tick's reports are folded in: reads what maps the regions
@@ -1635,8 +1648,6 @@ fn tick_vm(
     // What maps the granules, where the policy reads it.
     if !vm.huge_unknown && vm.parts.policy.uses_huge_map(g, max_gain) {
         read_huge_candidates(cfg, locator, vm)?;
-    } else {
-        vm.huge_granules = None;
     }
 
     // Retries first: they finish moves already paid for, and the policy must not plan
@@ -1686,6 +1697,7 @@ fn tick_vm(
     };
     // The policy and the budget rule see pinned DRAM granules as reserved: not in the fast
     // tier, just moved (so left alone), and the budget less all of them.
+    huge_list(vm);
     let masked = pin_masked(vm);
     let records: &[HeatRecord] = masked.as_deref().unwrap_or(vm.store.records());
     let budget = budget.saturating_sub(vm.pins_at.fast.len() as u64);
