@@ -306,6 +306,8 @@ struct Vm {
     retries: BTreeMap<Granule, Retry>,
     /// When a tick longer than the interval was last logged.
     slow_tick_logged: Option<Instant>,
+    /// The migrator calls of the tick running (or last run), for the slow-tick warning.
+    moving: Moving,
     /// Whether ticks place its memory (the API may pause it).
     enabled: bool,
     /// The policy's parameters as last set through the API.
@@ -588,6 +590,7 @@ impl Engine {
             huge_failed_at: None,
             retries: BTreeMap::new(),
             slow_tick_logged: None,
+            moving: Moving::default(),
             rate_limit: None,
             recheck_due: false,
             hints: hints.map(|h| VmHints {
@@ -779,10 +782,11 @@ impl Engine {
                     .map_or(true, |at| at.elapsed() >= LOG_EVERY)
             {
                 warn!(
-                    "{name}: tick {} took {} ms, longer than the {} ms interval",
+                    "{name}: tick {} took {} ms, longer than the {} ms interval{}",
                     vm.tick,
                     took.as_millis(),
-                    self.cfg.interval.as_millis()
+                    self.cfg.interval.as_millis(),
+                    vm.moving
                 );
                 vm.slow_tick_logged = Some(Instant::now());
             }
@@ -1610,6 +1614,7 @@ fn tick_vm(
 ) -> Result<(), Lost> {
     vm.tick += 1;
     vm.metrics.ticks += 1;
+    vm.moving = Moving::default();
     vm.store.tick();
     vm.reports.clear();
     let name = vm.name.to_string();
@@ -2112,7 +2117,10 @@ fn migrate(
 ) -> Result<Option<MigrationReport>, Lost> {
     let name = vm.name.to_string();
     alive(vm)?;
-    match migrator.migrate(vm.layout.pid, pages, node) {
+    let t = Instant::now();
+    let res = migrator.migrate(vm.layout.pid, pages, node);
+    vm.moving.add(t.elapsed(), pages, res.as_ref().ok());
+    match res {
         Ok(r) => {
             vm.problems.clear(&name, Component::Migrator);
             vm.metrics.fallback_pages += r.fallback_pages;
@@ -2138,6 +2146,59 @@ fn migrate(
             vm.problems.set(&name, Component::Migrator, err_chain(&e));
             Ok(None)
         }
+    }
+}
+
+/// A tick's migrator calls: how long they took and what they moved, so that a tick longer
+/// than the interval says whether the moves took the time.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+struct Moving {
+    calls: u32,
+    took: Duration,
+    /// Bytes asked to move.
+    asked: u64,
+    /// Bytes the calls moved ([`MigrationReport::bytes_on_target`]).
+    moved: u64,
+}
+
+impl Moving {
+    fn add(&mut self, took: Duration, pages: &[PageRef], report: Option<&MigrationReport>) {
+        self.calls = self.calls.saturating_add(1);
+        self.took = self.took.saturating_add(took);
+        let asked = pages
+            .iter()
+            .map(|p| p.size.bytes())
+            .fold(0, u64::saturating_add);
+        self.asked = self.asked.saturating_add(asked);
+        self.moved = self
+            .moved
+            .saturating_add(report.map_or(0, |r| r.bytes_on_target));
+    }
+}
+
+/// `; its N migrator calls took T ms to move M MiB of A MiB asked (R MiB/s)`, or `; it
+/// moved nothing`.
+impl std::fmt::Display for Moving {
+    #[allow(clippy::cast_precision_loss)]
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        if self.calls == 0 {
+            return write!(f, "; it moved nothing");
+        }
+        let mib = |b: u64| b as f64 / f64::from(1u32 << 20);
+        write!(
+            f,
+            "; its {} migrator call{} took {} ms to move {:.1} MiB of {:.1} MiB asked",
+            self.calls,
+            if self.calls == 1 { "" } else { "s" },
+            self.took.as_millis(),
+            mib(self.moved),
+            mib(self.asked),
+        )?;
+        let s = self.took.as_secs_f64();
+        if s > 0.0 && self.moved > 0 {
+            write!(f, " ({:.1} MiB/s)", mib(self.moved) / s)?;
+        }
+        Ok(())
     }
 }
 
@@ -2528,7 +2589,13 @@ mod tests {
                 });
             }
             let fallback_error = w.module_error.clone();
+            // As move_pages(2)'s report: the pages on the target node, moved or not.
+            let on = outcomes
+                .iter()
+                .filter(|&&o| o == PageOutcome::OnTarget)
+                .count() as u64;
             Ok(MigrationReport {
+                bytes_on_target: on * 4096,
                 fallback_pages: if fallback_error.is_some() {
                     pages.len() as u64
                 } else {
@@ -2963,11 +3030,66 @@ mod tests {
         // The fourth batch starts at 1.2 s, past the deadline: deferred, not run.
         let m = e.status(&vm).unwrap().metrics;
         assert!(m.deferred_granules >= 32, "{m:?}");
+        // What the slow-tick warning says of them: three calls, their time and pages.
+        let mv = e.vms[&vm].moving;
+        assert_eq!(
+            (mv.calls, mv.asked, mv.moved),
+            (3, 192 * MIB, 192 * MIB),
+            "{mv:?}"
+        );
+        assert!(mv.took >= Duration::from_millis(1200), "{mv:?}");
+        assert!(
+            mv.to_string().starts_with("; its 3 migrator calls took 1"),
+            "{mv}"
+        );
         assert!(hot_in_dram(&w, 0, 256 * MIB) < 256 * MIB);
         for _ in 0..6 {
             e.tick();
         }
         assert_eq!(hot_in_dram(&w, 0, 256 * MIB), 256 * MIB);
+    }
+
+    #[test]
+    fn the_slow_tick_warning_says_what_moving_took() {
+        let pages = |n: u64| -> Vec<PageRef> {
+            (0..n)
+                .map(|i| PageRef {
+                    addr: HostVirtAddr::new(i * 4096),
+                    size: PageSize::Base,
+                })
+                .collect()
+        };
+        let moved = |bytes: u64| MigrationReport {
+            bytes_on_target: bytes,
+            ..MigrationReport::default()
+        };
+        // (calls: time in ms, pages asked, bytes the call moved or None if it failed) -> message
+        type Call = (u64, u64, Option<u64>);
+        let cases: &[(&[Call], &str)] = &[
+            (&[], "; it moved nothing"),
+            (
+                &[(1650, 10240, Some(40 * MIB))],
+                "; its 1 migrator call took 1650 ms to move 40.0 MiB of 40.0 MiB asked \
+                 (24.2 MiB/s)",
+            ),
+            // A call that failed as a whole moved nothing; busy pages neither.
+            (
+                &[(500, 512, None), (500, 1024, Some(2 * MIB))],
+                "; its 2 migrator calls took 1000 ms to move 2.0 MiB of 6.0 MiB asked \
+                 (2.0 MiB/s)",
+            ),
+            (
+                &[(0, 512, None)],
+                "; its 1 migrator call took 0 ms to move 0.0 MiB of 2.0 MiB asked",
+            ),
+        ];
+        for (calls, want) in cases {
+            let mut m = Moving::default();
+            for &(ms, n, r) in *calls {
+                m.add(Duration::from_millis(ms), &pages(n), r.map(moved).as_ref());
+            }
+            assert_eq!(m.to_string(), *want, "{calls:?}");
+        }
     }
 
     /// An engine at `rate_mbps` with VM `g` of `len` bytes (hot set `hot`, `budget`), past
