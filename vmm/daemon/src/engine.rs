@@ -1553,15 +1553,14 @@ fn read_huge_candidates(
     locator: &mut dyn PageLocator,
     vm: &mut Vm,
 ) -> Result<(), Lost> {
-    let hot_slow: Vec<usize> = vm
+    let hot_slow = vm
         .store
         .records()
         .iter()
         .enumerate()
         .filter(|(_, r)| !r.is_fast() && r.heat() > 0)
-        .map(|(i, _)| i)
-        .collect();
-    let want = huge_stale(cfg, vm, hot_slow.into_iter());
+        .map(|(i, _)| i);
+    let want = huge_stale(cfg, vm, hot_slow);
     read_huge(cfg, locator, vm, &want)
 }
 
